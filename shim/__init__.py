@@ -1,0 +1,33 @@
+"""vllm-sleep-shim: import-time fixes for colocated vLLM sleep mode in RL training.
+
+``import shim.auto`` (or ``python -m shim CMD``, or ``python -m shim install``)
+calls :func:`activate`, which registers one lazy hook per patch; nothing of
+torch, vLLM, TRL or ms-swift is imported here.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def activate() -> bool:
+    """Turn the shim on in this process. Idempotent; never raises.
+
+    Returns True when active. A bad environment switch is reported in one line
+    on stderr and leaves the shim off (the user's program still runs).
+    """
+    import sys
+
+    from shim import config, log, patching
+
+    try:
+        log.setup(debug=config.debug())
+        return patching.activate()
+    except config.ConfigError as exc:
+        print(f"[shim] ERROR {exc}; shim not activated", file=sys.stderr)
+        return False
+
+
+def is_active() -> bool:
+    from shim import patching
+
+    return patching._registry.active

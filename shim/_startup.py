@@ -1,0 +1,9 @@
+"""Start-up entry of ``python -m shim install``: the ``.pth`` line imports this
+module and calls :func:`main`; Python 3.15+ calls ``shim._startup:main`` from the
+PEP 829 ``.start`` file instead (and then skips the ``.pth`` import line)."""
+
+
+def main() -> None:
+    import shim
+
+    shim.activate()

@@ -1,0 +1,89 @@
+"""Environment switches of the shim: one constant per variable, read here only.
+
+Every switch is read when it is needed (not cached at import), so a test or a
+launcher can set it before the shim activates. A value outside the accepted set
+is a :class:`ConfigError` whose message names the variable and the accepted
+values.
+"""
+from __future__ import annotations
+
+import os
+
+SHIM_DISABLED = "SHIM_DISABLED"
+"""Boolean. True turns the shim off in every way in (``import shim.auto``,
+``python -m shim``, the ``.pth`` file): nothing is hooked or wrapped."""
+
+SHIM_DISABLED_PATCHES = "SHIM_DISABLED_PATCHES"
+"""Comma-separated patch ids (see ``python -m shim status``) to leave off, or
+``*`` for all of them. Unknown ids are an error."""
+
+SHIM_STRICT = "SHIM_STRICT"
+"""Boolean. True makes a patch that fails to apply, an ineffective sleep that
+cannot be repaired and similar problems raise instead of logging one line."""
+
+SHIM_DEBUG = "SHIM_DEBUG"
+"""Boolean. True logs at DEBUG level (every wrapper call that decides something)."""
+
+SHIM_TRACE = "SHIM_TRACE"
+"""Path of a JSON-lines file. Every sleep/wake event of every rank is appended
+to it (one record per line, rank in each record). Empty: no trace."""
+
+ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """An environment switch has a value the shim does not accept."""
+
+
+def _flag(name: str) -> bool:
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(
+        f"{name}={raw!r} is not valid; accepted: 1, 0, true, false, yes, no, on, off (or unset)"
+    )
+
+
+def disabled() -> bool:
+    return _flag(SHIM_DISABLED)
+
+
+def strict() -> bool:
+    return _flag(SHIM_STRICT)
+
+
+def debug() -> bool:
+    return _flag(SHIM_DEBUG)
+
+
+def trace_path() -> str | None:
+    return os.environ.get(SHIM_TRACE, "").strip() or None
+
+
+def disabled_patches(known: "list[str] | tuple[str, ...]") -> frozenset:
+    """Ids of the patches switched off by SHIM_DISABLED_PATCHES (all for ``*``)."""
+    raw = os.environ.get(SHIM_DISABLED_PATCHES, "")
+    items = [x.strip() for x in raw.split(",") if x.strip()]
+    if items == ["*"]:
+        return frozenset(known)
+    unknown = [x for x in items if x not in known]
+    if unknown or "*" in items:
+        raise ConfigError(
+            f"{SHIM_DISABLED_PATCHES}={raw!r} is not valid; accepted: '*' or a comma list of "
+            f"{', '.join(known)}"
+        )
+    return frozenset(items)
+
+
+def validate(known: "list[str] | tuple[str, ...]") -> None:
+    """Raise ConfigError for the first switch with a bad value."""
+    disabled()
+    strict()
+    debug()
+    disabled_patches(known)

@@ -1,0 +1,2 @@
+import os
+os.environ["USER_SITECUSTOMIZE_RAN"] = "1"

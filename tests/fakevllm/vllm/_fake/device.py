@@ -1,0 +1,274 @@
+"""Hardware stand-in: one process-global fake accelerator (GPU or NPU).
+
+Not an upstream module: it replaces the *hardware and driver* under vLLM -- the
+physical memory that ``cuMemCreate``/``cuMemMap`` (vllm/csrc/cumem_allocator.cpp)
+or ``aclrtMallocPhysical``/``aclrtMapMem`` (vllm-ascend camem_allocator.cpp) hand
+out, and the caching allocator's ``expandable_segments`` setting of
+c10/cuda/CUDAAllocatorConfig.h (torch_npu: NPUAllocatorConfig.cpp).
+
+It patches, as hardware stand-ins, ``torch.cuda.mem_get_info``,
+``torch.cuda.empty_cache``, ``torch.cuda.synchronize`` and
+``torch.cuda.memory._set_allocator_settings`` (CUDA mode; ``torch.cuda.is_available()``
+is left False), or provides the same functions as ``torch.npu`` (NPU mode,
+see npu/torch_npu).
+
+Model:
+- ``total`` bytes; ``free = total - context - sum(mapped allocations) - cache``.
+- An allocation is either in a sleep pool (``pool`` set: a CuMemAllocator /
+  CaMemAllocator got the malloc callback and can unmap it) or a plain caching-
+  allocator allocation that nothing but ``free()`` releases.
+- The bypass (pytorch#147851): in bypass mode (NPU, or FAKEVLLM_TORCH=old), an
+  allocation requested inside ``use_memory_pool`` while expandable segments are
+  on lands OUTSIDE the pool.
+- The expandable-segments setting is read from the environment at first device
+  use (CUDA, as torch parses it: PYTORCH_CUDA_ALLOC_CONF, then -- ROCm only --
+  PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF; NPU: PYTORCH_NPU_ALLOC_CONF,
+  then PYTORCH_ALLOC_CONF) and changed live by ``_set_allocator_settings``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import types
+
+import torch
+
+from . import CONTEXT_BYTES, DEVICE_TYPE, ROCM, TOTAL_GB, bypass_mode, log_event
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+def _parse_conf(s: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in (s or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        k, _, v = part.partition(":")
+        out[k.strip()] = v.strip()
+    return out
+
+
+class Allocation:
+    """One physical allocation on the fake device.
+
+    ``payload`` (optional) is the object whose contents live in this memory:
+    it must provide ``backup() -> obj``, ``restore(obj)`` and ``scramble()``
+    (contents become undefined after a discard + re-map)."""
+
+    def __init__(self, ptr: int, nbytes: int, label: str, payload=None):
+        self.ptr = ptr
+        self.nbytes = int(nbytes)
+        self.label = label
+        self.payload = payload
+        self.mapped = True
+        self.pool = None        # the sleep allocator that tracks it, or None
+        self.tag = None
+        self.freed = False
+
+    def __repr__(self):
+        return (f"Allocation(ptr={self.ptr:#x}, {self.nbytes} B, {self.label!r}, tag={self.tag!r}, "
+                f"in_pool={self.pool is not None}, mapped={self.mapped})")
+
+
+class FakeDevice:
+    def __init__(self, device_type: str, total_bytes: int):
+        self.device_type = device_type
+        self.total = int(total_bytes)
+        self.context = CONTEXT_BYTES
+        self.allocations: dict[int, Allocation] = {}
+        self.cache_bytes = 0              # freed plain blocks the caching allocator keeps
+        self._ptr = itertools.count(0x7F0000000000, 0x100000)
+        self._initialised = False
+        self.settings: dict[str, str] = {}
+        self.env_at_init: dict[str, str | None] = {}
+        self.active_pool = None           # (allocator, tag) while inside use_memory_pool
+        self.lock = threading.RLock()
+
+    # -- allocator configuration ------------------------------------------
+    def _env_conf(self) -> tuple[str | None, str | None]:
+        if self.device_type == "npu":
+            names = ["PYTORCH_NPU_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
+        else:
+            names = ["PYTORCH_CUDA_ALLOC_CONF"] + (["PYTORCH_HIP_ALLOC_CONF"] if ROCM else []) + ["PYTORCH_ALLOC_CONF"]
+        for n in names:
+            if n in os.environ:
+                return n, os.environ[n]
+        return None, None
+
+    def ensure_init(self) -> None:
+        """First device use: the caching allocator parses its env var once."""
+        with self.lock:
+            if self._initialised:
+                return
+            self._initialised = True
+            name, val = self._env_conf()
+            self.settings = _parse_conf(val or "")
+            self.env_at_init = {"var": name, "value": val}
+            log_event("device_init", device=self.device_type, conf_var=name, conf=val,
+                      expandable=self.expandable_segments, total=self.total)
+
+    @property
+    def expandable_segments(self) -> bool:
+        return self.settings.get("expandable_segments", "False") == "True"
+
+    def set_allocator_settings(self, s: str) -> None:
+        self.ensure_init()
+        self.settings.update(_parse_conf(s))
+
+    def allocator_settings_string(self) -> str:
+        self.ensure_init()
+        return ",".join(f"{k}:{v}" for k, v in self.settings.items())
+
+    # -- memory --------------------------------------------------------------
+    def used(self) -> int:
+        return self.context + self.cache_bytes + sum(a.nbytes for a in self.allocations.values() if a.mapped)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        self.ensure_init()
+        with self.lock:
+            return max(self.total - self.used(), 0), self.total
+
+    def allocate(self, nbytes: int, label: str = "tensor", payload=None) -> Allocation:
+        """Allocate device memory; inside ``use_memory_pool`` it goes to the pool
+        unless the bypass applies."""
+        self.ensure_init()
+        with self.lock:
+            nbytes = int(nbytes)
+            reuse = min(self.cache_bytes, nbytes)
+            if self.total - self.used() + reuse < nbytes:
+                raise OutOfMemoryError(
+                    f"{'NPU' if self.device_type == 'npu' else 'CUDA'} out of memory. Tried to allocate "
+                    f"{nbytes / 2**30:.2f} GiB; {(self.total - self.used()) / 2**30:.2f} GiB free")
+            self.cache_bytes -= reuse
+            a = Allocation(next(self._ptr), nbytes, label, payload)
+            self.allocations[a.ptr] = a
+            if self.active_pool is not None:
+                allocator, tag = self.active_pool
+                if bypass_mode() and self.expandable_segments:
+                    log_event("pool_bypass", label=label, nbytes=nbytes, tag=tag,
+                              note="expandable_segments on: allocation landed outside the sleep pool "
+                                   "(pytorch#147851)")
+                else:
+                    a.pool = allocator
+                    a.tag = tag
+                    allocator._python_malloc_callback((self.index, nbytes, a.ptr, 0))
+            return a
+
+    index = 0
+
+    def free(self, a: Allocation) -> None:
+        with self.lock:
+            if a.freed:
+                return
+            a.freed = True
+            self.allocations.pop(a.ptr, None)
+            if a.pool is not None:
+                a.pool._python_free_callback(a.ptr)
+            elif a.mapped:
+                self.cache_bytes += a.nbytes  # back to the caching allocator
+
+    def unmap(self, a: Allocation) -> None:
+        """cuMemUnmap + cuMemRelease: the physical pages go back to the device."""
+        with self.lock:
+            a.mapped = False
+
+    def map(self, a: Allocation) -> None:
+        """cuMemCreate + cuMemMap of fresh physical pages (contents undefined)."""
+        with self.lock:
+            if self.total - self.used() < a.nbytes:
+                # physical pages cannot reuse blocks cached by PyTorch
+                raise OutOfMemoryError(
+                    f"{'NPU' if self.device_type == 'npu' else 'CUDA'} out of memory while re-mapping "
+                    f"{a.nbytes / 2**30:.2f} GiB ({(self.total - self.used()) / 2**30:.2f} GiB free)")
+            a.mapped = True
+            if a.payload is not None:
+                a.payload.scramble()
+
+    def empty_cache(self) -> None:
+        self.ensure_init()
+        with self.lock:
+            self.cache_bytes = 0
+
+    def synchronize(self, device=None) -> None:
+        self.ensure_init()
+
+    def reset(self) -> None:
+        """Test helper: forget all allocations and the parsed settings."""
+        with self.lock:
+            self.allocations.clear()
+            self.cache_bytes = 0
+            self._initialised = False
+            self.settings = {}
+            self.active_pool = None
+
+
+DEVICE = FakeDevice(DEVICE_TYPE, int(TOTAL_GB * 2**30))
+
+
+# ---------------------------------------------------------------------------
+# torch patching (hardware stand-ins only)
+# ---------------------------------------------------------------------------
+def _mem_get_info(device=None):
+    return DEVICE.mem_get_info()
+
+
+def _empty_cache():
+    DEVICE.empty_cache()
+
+
+def _synchronize(device=None):
+    DEVICE.synchronize(device)
+
+
+def _set_allocator_settings(s: str):
+    DEVICE.set_allocator_settings(s)
+
+
+def _get_allocator_settings():
+    return DEVICE.allocator_settings_string()
+
+
+def _install_cuda() -> None:
+    import torch.cuda
+    import torch.cuda.memory as cmem
+    if getattr(torch.cuda, "_fakevllm_installed", False):
+        return
+    torch.cuda.mem_get_info = _mem_get_info
+    cmem.mem_get_info = _mem_get_info
+    torch.cuda.empty_cache = _empty_cache
+    cmem.empty_cache = _empty_cache
+    torch.cuda.synchronize = _synchronize
+    cmem._set_allocator_settings = _set_allocator_settings
+    cmem._fakevllm_get_allocator_settings = _get_allocator_settings
+    torch.cuda._fakevllm_installed = True
+
+
+def make_npu_namespace() -> types.ModuleType:
+    """The ``torch.npu`` attribute torch_npu installs (subset)."""
+    npu = types.ModuleType("torch_npu.npu")
+    mem = types.ModuleType("torch_npu.npu.memory")
+    for m in (npu, mem):
+        m.mem_get_info = _mem_get_info
+        m.empty_cache = _empty_cache
+        m._set_allocator_settings = _set_allocator_settings
+        m._fakevllm_get_allocator_settings = _get_allocator_settings
+        m.memory_allocated = lambda device=None: 0
+        m.memory_reserved = lambda device=None: 0
+    npu.memory = mem
+    npu.synchronize = _synchronize
+    npu.is_available = lambda: False  # keep trainers on CPU
+    npu.device_count = lambda: 0
+    npu.current_device = lambda: 0
+    npu.set_device = lambda d: None
+    return npu
+
+
+def install() -> None:
+    if DEVICE_TYPE == "cuda":
+        _install_cuda()
+    else:
+        import torch_npu  # noqa: F401  (the fake one in tests/fakevllm/npu: sets torch.npu)

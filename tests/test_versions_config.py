@@ -1,0 +1,46 @@
+import pytest
+
+from shim import config
+from shim.versions import in_range, installed
+
+
+@pytest.mark.parametrize("version,spec,expected", [
+    ("1.9.2", ">=0.28.0,<1.10.0", True),
+    ("1.10.0", ">=0.28.0,<1.10.0", False),
+    ("0.28.0", ">=0.28.0,<1.10.0", True),
+    ("1.10.0rc1", ">=0.28.0,<1.10.0", False),  # PEP 440: <V excludes pre-releases of V
+    ("1.9.3.dev1", ">=0.28.0,<1.10.0", True),
+    ("0.10.2.dev45+g1a2b", ">=0.10,<0.11", True),
+    ("2.6.0+cu128", ">=2.6,<2.7", True),
+    ("0.24.0rc1", "<0.24.0rc1", False),
+    ("not-a-version", ">=0", False),
+])
+def test_in_range(version, spec, expected):
+    assert in_range(version, spec) is expected
+
+
+def test_installed():
+    assert installed("packaging")
+    assert installed("no-such-distribution-xyz") is None
+
+
+@pytest.mark.parametrize("value,expected", [("", False), ("0", False), ("1", True), ("TRUE", True), ("off", False)])
+def test_flags(monkeypatch, value, expected):
+    monkeypatch.setenv(config.SHIM_STRICT, value)
+    assert config.strict() is expected
+
+
+def test_bad_flag_names_variable_and_values(monkeypatch):
+    monkeypatch.setenv(config.SHIM_DEBUG, "2")
+    with pytest.raises(config.ConfigError, match="SHIM_DEBUG='2' is not valid; accepted: 1, 0"):
+        config.debug()
+
+
+def test_disabled_patches(monkeypatch):
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "a, b")
+    assert config.disabled_patches(["a", "b", "c"]) == {"a", "b"}
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "*")
+    assert config.disabled_patches(["a", "b"]) == {"a", "b"}
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "zz")
+    with pytest.raises(config.ConfigError, match="SHIM_DISABLED_PATCHES='zz'.*a, b"):
+        config.disabled_patches(["a", "b"])
