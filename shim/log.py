@@ -2,16 +2,18 @@
 
 Decisions (applied, stand down, disabled) are INFO on local rank 0 and DEBUG
 on the other ranks, so an 8-rank job prints each once; problems are WARNING on
-every rank, because each rank's memory is its own.
+every rank, because each rank's memory is its own. ``logging`` is imported on
+the first line logged, not at start-up.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
-logger = logging.getLogger("shim")
-_configured = False
+_logger = None
+_debug = False
+
+DEBUG, INFO, WARNING = 10, 20, 30
 
 
 def rank() -> int:
@@ -27,32 +29,47 @@ def local_rank() -> int:
     return int(value) if value.isdigit() else 0
 
 
-class _RankFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
-        return f"[shim rank{rank()}] {base}" if "RANK" in os.environ else f"[shim] {base}"
+def setup(debug: bool = False) -> None:
+    """Remember the level; the handler is made on first use."""
+    global _debug
+    _debug = debug
+    if _logger is not None:
+        _logger.setLevel(DEBUG if debug else INFO)
 
 
-def setup(debug: bool = False) -> logging.Logger:
-    """Give the logger its own stderr handler once (no duplicates through root)."""
-    global _configured
-    if not _configured:
+def get():
+    """The ``shim`` logger, with its own stderr handler (no duplicates through root)."""
+    global _logger
+    if _logger is None:
+        import logging
+
+        class RankFormatter(logging.Formatter):
+            def format(self, record):
+                base = super().format(record)
+                return f"[shim rank{rank()}] {base}" if "RANK" in os.environ else f"[shim] {base}"
+
+        logger = logging.getLogger("shim")
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_RankFormatter("%(levelname)s %(message)s"))
+        handler.setFormatter(RankFormatter("%(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
-        _configured = True
-    logger.setLevel(logging.DEBUG if debug else logging.INFO)
-    return logger
+        logger.setLevel(DEBUG if _debug else INFO)
+        _logger = logger
+    return _logger
 
 
 def decision(message: str) -> None:
-    logger.log(logging.INFO if local_rank() == 0 else logging.DEBUG, message)
+    get().log(INFO if local_rank() == 0 else DEBUG, message)
 
 
 def warning(message: str) -> None:
-    logger.warning(message)
+    get().warning(message)
+
+
+def info(message: str) -> None:
+    get().info(message)
 
 
 def debug(message: str) -> None:
-    logger.debug(message)
+    if _debug:
+        get().debug(message)

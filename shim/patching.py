@@ -1,6 +1,6 @@
 """The patch engine: ``Patch`` records, lazy application, decisions, rollback.
 
-Each patch is applied by a wrapt post-import hook on ONE concrete upstream
+Each patch is applied by a post-import hook (``shim._hooks``) on ONE concrete upstream
 module (never a package root: trl and transformers swap ``sys.modules`` entries
 for lazy modules). Inside the hook, in this order: version in range (from
 metadata, prereleases count), probe of the upstream shape, then ``apply`` as a
@@ -10,9 +10,6 @@ exception never escapes into the user's import -- unless SHIM_STRICT is on.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Callable, Optional
 
 from shim import config, log
 from shim.versions import installed, in_range
@@ -27,7 +24,6 @@ MARKER = "_self_shim_patch"
 """Attribute on every wrapper the shim installs: the id of its patch."""
 
 
-@dataclass(frozen=True)
 class Patch:
     """One upstream bug, one fix.
 
@@ -37,22 +33,26 @@ class Patch:
     expects, or the reason to stand down (e.g. "fixed upstream in 1.10.0").
     """
 
-    id: str
-    issue: str
-    distribution: str
-    affected: str
-    module: str
-    apply: Callable[[ModuleType, "Patcher"], None]
-    probe: Optional[Callable[[ModuleType], Optional[str]]] = None
-    summary: str = ""
-    verified: str = ""
+
+    __slots__ = ("id", "issue", "distribution", "affected", "module", "apply", "probe", "summary", "verified")
+
+    def __init__(self, id: str, issue: str, distribution: str, affected: str, module: str,
+                 apply: "Callable[[ModuleType, Patcher], None]",
+                 probe: "Callable[[ModuleType], str | None] | None" = None,
+                 summary: str = "", verified: str = ""):
+        self.id, self.issue, self.distribution, self.affected = id, issue, distribution, affected
+        self.module, self.apply, self.probe = module, apply, probe
+        self.summary, self.verified = summary, verified
+
+    def __repr__(self) -> str:
+        return f"Patch({self.id!r}, {self.distribution} {self.affected}, {self.module})"
 
 
-@dataclass
 class Decision:
-    decision: str
-    reason: str = ""
-    version: Optional[str] = None
+    __slots__ = ("decision", "reason", "version")
+
+    def __init__(self, decision: str, reason: str = "", version: "str | None" = None):
+        self.decision, self.reason, self.version = decision, reason, version
 
     def text(self) -> str:
         return f"{self.decision}: {self.reason}" if self.reason else self.decision
@@ -63,9 +63,9 @@ class Patcher:
 
     def __init__(self, patch_id: str):
         self.patch_id = patch_id
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list = []
 
-    def wrap(self, owner: Any, name: str, wrapper: Callable) -> Any:
+    def wrap(self, owner, name: str, wrapper):
         """Put ``wrapt.FunctionWrapper(original, wrapper)`` at ``owner.name``.
 
         ``owner`` is a class or a module. A name already wrapped by this patch
@@ -82,7 +82,7 @@ class Patcher:
         self.set(owner, name, proxy)
         return proxy
 
-    def set(self, owner: Any, name: str, value: Any) -> None:
+    def set(self, owner, name: str, value) -> None:
         """Set ``owner.name = value``; undo restores (or deletes) the old one."""
         own = vars(owner).get(name, _MISSING)
         setattr(owner, name, value)
@@ -103,13 +103,13 @@ class Patcher:
 _MISSING = object()
 
 
-@dataclass
 class _Registry:
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    active: bool = False
-    decisions: dict = field(default_factory=dict)
-    patchers: dict = field(default_factory=dict)
-    patches: dict = field(default_factory=dict)
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.active = False
+        self.decisions: dict = {}
+        self.patchers: dict = {}
+        self.patches: dict = {}
 
 
 _registry = _Registry()
@@ -125,7 +125,7 @@ def decisions() -> dict:
     return dict(_registry.decisions)
 
 
-def _decide(patch: Patch, decision: str, reason: str = "", version: Optional[str] = None) -> None:
+def _decide(patch: Patch, decision: str, reason: str = "", version: str | None = None) -> None:
     _registry.decisions[patch.id] = Decision(decision, reason, version)
     where = f"{patch.distribution} {version}" if version else patch.distribution
     line = f"{patch.id} ({patch.issue}, {where}): {Decision(decision, reason).text()}"
@@ -135,7 +135,7 @@ def _decide(patch: Patch, decision: str, reason: str = "", version: Optional[str
         log.decision(line)
 
 
-def activate(patch_list: Optional[list] = None) -> bool:
+def activate(patch_list: list | None = None) -> bool:
     """Register every patch's import hook. Idempotent. Raises only ConfigError."""
     with _registry.lock:
         if _registry.active:
@@ -158,15 +158,12 @@ def activate(patch_list: Optional[list] = None) -> bool:
 
 
 def _register_hook(patch: Patch) -> None:
-    import wrapt
+    from shim import _hooks
 
-    def hook(module: ModuleType) -> None:
-        _on_import(patch, module)
-
-    wrapt.register_post_import_hook(hook, patch.module)
+    _hooks.register(patch.module, lambda module: _on_import(patch, module))
 
 
-def _on_import(patch: Patch, module: ModuleType) -> None:
+def _on_import(patch: Patch, module) -> None:
     """Decide and apply; never raises unless strict. Runs once per patch."""
     with _registry.lock:
         current = _registry.decisions.get(patch.id)
@@ -212,7 +209,7 @@ def remove(patch_id: str) -> bool:
         return True
 
 
-def status_rows(patch_list: Optional[list] = None) -> list:
+def status_rows(patch_list: list | None = None) -> list:
     """One dict per patch with the keys of ``python -m shim status --json``."""
     rows = []
     for patch in patch_list or all_patches():
