@@ -34,15 +34,16 @@ class Patch:
     """
 
 
-    __slots__ = ("id", "issue", "distribution", "affected", "module", "apply", "probe", "summary", "verified")
+    __slots__ = ("id", "issue", "distribution", "affected", "module", "apply", "probe", "summary", "verified",
+                 "fixed_in")
 
     def __init__(self, id: str, issue: str, distribution: str, affected: str, module: str,
                  apply: "Callable[[ModuleType, Patcher], None]",
                  probe: "Callable[[ModuleType], str | None] | None" = None,
-                 summary: str = "", verified: str = ""):
+                 summary: str = "", verified: str = "", fixed_in: "str | None" = None):
         self.id, self.issue, self.distribution, self.affected = id, issue, distribution, affected
         self.module, self.apply, self.probe = module, apply, probe
-        self.summary, self.verified = summary, verified
+        self.summary, self.verified, self.fixed_in = summary, verified, fixed_in
 
     def __repr__(self) -> str:
         return f"Patch({self.id!r}, {self.distribution} {self.affected}, {self.module})"
@@ -175,7 +176,9 @@ def _on_import(patch: Patch, module) -> None:
             if version is None:
                 return _decide(patch, STAND_DOWN, f"{patch.distribution} has no installed metadata")
             if not in_range(version, patch.affected):
-                return _decide(patch, STAND_DOWN, f"version not in {patch.affected}", version)
+                fixed = patch.fixed_in and in_range(version, f">={patch.fixed_in}")
+                reason = f"fixed upstream in {patch.fixed_in}" if fixed else f"version not in {patch.affected}"
+                return _decide(patch, STAND_DOWN, reason, version)
             reason = patch.probe(module) if patch.probe else None
             if reason:
                 return _decide(patch, STAND_DOWN, reason, version)

@@ -1,0 +1,154 @@
+"""A proxy for a colocated ``vllm.LLM`` that keeps its weights equal to the trainer's.
+
+Trainers drive sleep mode with their own counters (TRL's ``_last_loaded_step``,
+ms-swift's ``is_sleeping`` checks) and refill woken weights with
+``collective_rpc("reload_weights")``, which reads the checkpoint on disk -- the
+*initial* weights. :class:`GuardedLLM` sits where the trainer keeps its
+``llm`` and enforces one invariant instead, from the shared sleep state
+(``shim.sleep_state``):
+
+- ``generate``/``chat``: if the engine's weights are not the trainer's (asleep,
+  discarded by a level-2 sleep, or reloaded from disk), push the trainer's
+  weights first (the trainer's own push function);
+- ``collective_rpc("reload_weights")``: ``reload="replace"`` does not read the
+  disk; the push before the next generate puts the trainer's weights there
+  (what TRL 1.10.0 does, PR #5313: one push, only when needed);
+  ``reload="fallback"`` reloads, and where the backend has no
+  ``reload_weights`` (vllm-ascend < 0.24.0rc1 raises NotImplementedError) the
+  push before generate fills the weights instead;
+- ``wake_up(tags)``: wakes each requested tag that is asleep and skips the
+  awake ones (vLLM's executor ignores the whole call, with a warning, if any
+  requested tag is awake), after gc and the device's ``empty_cache``;
+- ``sleep(level)``: recorded in the sleep state.
+
+Everything else is forwarded untouched (``isinstance(proxy, LLM)`` holds).
+"""
+from __future__ import annotations
+
+from shim import log, memory, sleep_state
+
+REPLACE = "replace"
+FALLBACK = "fallback"
+
+
+def _proxy_base():
+    import wrapt
+
+    return getattr(wrapt, "BaseObjectProxy", None) or wrapt.ObjectProxy
+
+
+def asleep_tags(llm) -> set:
+    """Tags vLLM's executor reports asleep (``sleeping_tags``), else the shim's record."""
+    engine = getattr(llm, "llm_engine", None)
+    executor = getattr(engine, "model_executor", None)
+    tags = getattr(executor, "sleeping_tags", None)
+    if isinstance(tags, (set, frozenset, list, tuple)):
+        return set(tags) if getattr(executor, "is_sleeping", bool(tags)) else set()
+    return set(sleep_state.state_for(llm).asleep)
+
+
+def sync_from_engine(llm) -> sleep_state.SleepState:
+    """Reconcile the record with the executor (a sleep issued before the proxy existed)."""
+    state = sleep_state.state_for(llm)
+    tags = asleep_tags(llm)
+    if "weights" in tags and not state.weights_asleep:
+        # Asleep at an unknown level: treat the contents as discarded (push is always safe).
+        state.weights_valid = False
+        state.weights_pushed = False
+    state.asleep = tags
+    return state
+
+
+_classes: dict = {}
+
+
+def guarded_class():
+    base = _proxy_base()
+    if base in _classes:
+        return _classes[base]
+
+    class GuardedLLM(base):
+        __doc__ = __doc__
+
+        def __init__(self, llm, push, reload: str = REPLACE):
+            super().__init__(llm)
+            self._self_push = push
+            self._self_reload = reload
+            sync_from_engine(llm)
+
+        @property
+        def shim_state(self) -> sleep_state.SleepState:
+            return sleep_state.state_for(self.__wrapped__)
+
+        def _self_ensure_weights(self) -> None:
+            state = sync_from_engine(self.__wrapped__)
+            if state.needs_push:
+                log.debug("weights are not the trainer's before generate: pushing them")
+                self._self_push()
+
+        def wake_up(self, tags=None, *args, **kwargs):
+            llm = self.__wrapped__
+            requested = list(sleep_state.TAGS if tags is None else tags)
+            asleep = asleep_tags(llm)
+            todo = [t for t in requested if t in asleep]
+            if not todo:
+                return None
+            memory.release_cached()
+            result = llm.wake_up(None if tags is None and set(todo) == asleep else todo, *args, **kwargs)
+            sleep_state.note_wake(llm, todo)
+            return result
+
+        def sleep(self, level: int = 1, *args, **kwargs):
+            llm = self.__wrapped__
+            result = llm.sleep(level, *args, **kwargs)
+            sleep_state.note_sleep(llm, level)
+            return result
+
+        def collective_rpc(self, method, *args, **kwargs):
+            llm = self.__wrapped__
+            if method != "reload_weights":
+                return llm.collective_rpc(method, *args, **kwargs)
+            if self._self_reload == FALLBACK:
+                try:
+                    result = llm.collective_rpc(method, *args, **kwargs)
+                except NotImplementedError:
+                    log.debug("backend has no reload_weights: the trainer's weights are pushed before generating")
+                else:
+                    sleep_state.note_weights_reloaded(llm)
+                    return result
+            # REPLACE (or no reload on this backend): the disk holds the initial weights, never read it.
+            # The trainer's weights are pushed before the next generate if they are not there already.
+            return [None]
+
+        def generate(self, *args, **kwargs):
+            self._self_ensure_weights()
+            return self.__wrapped__.generate(*args, **kwargs)
+
+        def chat(self, *args, **kwargs):
+            self._self_ensure_weights()
+            return self.__wrapped__.chat(*args, **kwargs)
+
+    _classes[base] = GuardedLLM
+    return GuardedLLM
+
+
+def guard(llm, push, reload: str = REPLACE):
+    """Wrap ``llm`` once; an already guarded ``llm`` is returned as it is."""
+    if getattr(llm, "_self_push", None) is not None:
+        return llm
+    return guarded_class()(llm, push, reload)
+
+
+def owned_by_swift(obj) -> bool:
+    """ms-swift subclasses TRL's trainers, deletes their ``__init__`` and drives vLLM
+    itself: the TRL patches never act on its objects."""
+    return any(c.__module__.split(".")[0] == "swift" for c in type(obj).__mro__)
+
+
+def is_guarded(llm) -> bool:
+    return getattr(llm, "_self_push", None) is not None
+
+
+def after_push(llm) -> None:
+    """Call after the trainer's push function returned."""
+    sleep_state.note_weights_pushed(getattr(llm, "__wrapped__", llm))

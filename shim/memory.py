@@ -1,0 +1,78 @@
+"""Device memory probes behind one small interface (CUDA through ``torch.cuda``,
+Ascend NPU through ``torch.npu`` from torch_npu).
+
+The device is the one vLLM runs on: ``vllm.platforms.current_platform.device_type``
+when vLLM is importable, else whichever of CUDA / NPU torch reports. With
+neither, :func:`probe` returns None and the memory features stand down.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+
+
+class Probe:
+    """``mem_get_info()`` -> (free, total) bytes; ``synchronize()``; ``empty_cache()``;
+    ``set_allocator_settings(str)`` (the live allocator setting, where the backend has it)."""
+
+    def __init__(self, name: str, module):
+        self.name = name
+        self.module = module
+
+    def mem_get_info(self) -> tuple:
+        free, total = self.module.mem_get_info()
+        return int(free), int(total)
+
+    def synchronize(self) -> None:
+        self.module.synchronize()
+
+    def empty_cache(self) -> None:
+        self.module.empty_cache()
+
+    def set_allocator_settings(self, setting: str) -> bool:
+        memory = getattr(self.module, "memory", None)
+        setter = getattr(memory, "_set_allocator_settings", None)
+        if setter is None:
+            return False
+        setter(setting)
+        return True
+
+
+def _device_type() -> str | None:
+    vllm_platforms = sys.modules.get("vllm.platforms")
+    if vllm_platforms is not None:
+        platform = getattr(vllm_platforms, "current_platform", None)
+        kind = getattr(platform, "device_type", None)
+        if kind in ("cuda", "npu"):
+            return kind
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available():
+            return "cuda"
+        npu = getattr(torch, "npu", None)
+        if npu is not None and npu.is_available():
+            return "npu"
+    except Exception:
+        return None
+    return None
+
+
+def probe() -> Probe | None:
+    kind = _device_type()
+    if kind is None:
+        return None
+    import torch
+
+    module = getattr(torch, kind, None)
+    return Probe(kind, module) if module is not None else None
+
+
+def release_cached() -> None:
+    """gc, then give the allocator's cached blocks back (what vLLM >= 0.30 does before waking)."""
+    gc.collect()
+    p = probe()
+    if p is not None:
+        p.synchronize()
+        p.empty_cache()
