@@ -1,0 +1,30 @@
+"""TRL experimental OnlineDPO generates from discarded weights with gradient accumulation > 1.
+
+Upstream: huggingface/trl, no issue filed (found by reading the code; see the test for the proof)
+Affects:  trl >=0.28.0 (every release with OnlineDPO sleep mode, up to 1.16.0 at least)
+          with vllm_mode="colocate", vllm_enable_sleep_mode=True, gradient_accumulation_steps > 1
+Remove:   when upstream pushes the weights after every level-2 sleep
+
+``OnlineDPOTrainer._generate_vllm_colocate`` runs once per micro-batch: it
+wakes the weights, pushes them only when ``global_step`` changed, generates,
+and sleeps at level 2, which discards the weights. Micro-batches 2..N of a
+step generate from undefined memory. Bound through ``shim.trl_binding``:
+``_move_model_to_vllm`` runs before every generate whose weights were
+discarded.
+"""
+from shim.patching import Patch
+from shim.trl_binding import binding
+
+_probe, _apply = binding("OnlineDPOTrainer", "_generate_vllm_colocate")
+
+PATCH = Patch(
+    id="trl-online-dpo-resync",
+    issue="trl OnlineDPO level-2 gap",
+    distribution="trl",
+    affected=">=0.28.0",
+    module="trl.experimental.online_dpo.online_dpo_trainer",
+    apply=_apply,
+    probe=_probe,
+    summary="OnlineDPOTrainer: trained weights pushed before every generate after a level-2 sleep",
+    verified="CPU: real TRL OnlineDPOTrainer, gradient_accumulation_steps=2, on the vLLM stand-in",
+)

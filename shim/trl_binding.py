@@ -1,0 +1,77 @@
+"""Binds ``shim.guarded_llm`` to a TRL class that keeps a colocated ``llm``.
+
+TRL 0.25-0.27 GRPO/RLOO, the experimental OnlineDPO (0.28+) and
+``VLLMGeneration`` (0.28+) share one shape:
+a push method (``_move_model_to_vllm``) that writes the trainer's weights into
+``self.llm``, and a generate method that wakes the engine, pushes only when
+``global_step`` changed, generates, and sleeps at level 2. The binding wraps
+both: the generate method installs the guard on ``self.llm`` (push = the
+trainer's own push method), the push method wakes the weights before writing
+and records the push. ms-swift's subclasses are never touched.
+
+Module import cost: nothing but this file; the guard is imported when a
+wrapper first runs.
+"""
+from __future__ import annotations
+
+
+def trainer_colocate_sleep(trainer) -> bool:
+    """A trainer with its own ``llm``: ``args.use_vllm``, ``vllm_mode``, ``args.vllm_enable_sleep_mode``."""
+    args = getattr(trainer, "args", None)
+    return (bool(getattr(args, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
+            and bool(getattr(args, "vllm_enable_sleep_mode", False)))
+
+
+def generation_colocate_sleep(gen) -> bool:
+    """``VLLMGeneration`` (0.28+): ``mode`` and ``enable_sleep_mode``."""
+    return getattr(gen, "mode", None) == "colocate" and bool(getattr(gen, "enable_sleep_mode", False))
+
+
+def _applies(predicate, obj) -> bool:
+    from shim import guarded_llm
+
+    return predicate(obj) and getattr(obj, "llm", None) is not None and not guarded_llm.owned_by_swift(obj)
+
+
+def _push_wrapper(push_name, predicate):
+    def wrapper(wrapped, instance, args, kwargs):
+        if not _applies(predicate, instance):
+            return wrapped(*args, **kwargs)
+        from shim import guarded_llm
+
+        instance.llm = guarded_llm.guard(instance.llm, push=getattr(instance, push_name))
+        instance.llm.wake_up(tags=["weights"])  # never write into unmapped memory
+        result = wrapped(*args, **kwargs)
+        guarded_llm.after_push(instance.llm)
+        return result
+
+    return wrapper
+
+
+def _generate_wrapper(push_name, predicate):
+    def wrapper(wrapped, instance, args, kwargs):
+        if _applies(predicate, instance):
+            from shim import guarded_llm
+
+            instance.llm = guarded_llm.guard(instance.llm, push=getattr(instance, push_name))
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def binding(class_name: str, generate_name: str, push_name: str = "_move_model_to_vllm",
+            predicate=trainer_colocate_sleep):
+    """(probe, apply) for a Patch on ``class_name`` in its module."""
+
+    def probe(module):
+        cls = getattr(module, class_name, None)
+        if cls is None or not all(hasattr(cls, m) for m in (push_name, generate_name)):
+            return f"upstream shape changed: {class_name}.{push_name}/{generate_name} not found"
+        return None
+
+    def apply(module, patcher):
+        cls = getattr(module, class_name)
+        patcher.wrap(cls, push_name, _push_wrapper(push_name, predicate))
+        patcher.wrap(cls, generate_name, _generate_wrapper(push_name, predicate))
+
+    return probe, apply

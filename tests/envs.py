@@ -1,0 +1,175 @@
+"""Per-version installs of TRL for the test suite (stdlib only).
+
+``trl_path("1.9.2")`` installs ``trl==1.9.2`` once with
+``pip install --no-deps --target <repo>/.envs/trl-1.9.2`` and returns that
+directory; put it first on ``PYTHONPATH`` (or ``sys.path``) to test against that
+release. Everything else TRL needs comes from tests/requirements.txt (one shared
+environment serves every version listed in ``TRL_VERSIONS``).
+
+The install goes to a temporary directory next to the target and is renamed into
+place, under an exclusive file lock, so concurrent pytest workers do not race.
+An existing directory is used as is: no network.
+
+Command line::
+
+    python -m tests.envs trl 1.9.2 0.25.1 ...   # prebuild, prints one dir per line
+    python -m tests.envs trl all                # every version in TRL_VERSIONS
+    python -m tests.envs all                    # same ("trl" is optional)
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+ENVS_DIR = REPO_ROOT / ".envs"
+
+# Releases the suite covers (latest patch of each minor with vLLM colocate + sleep
+# mode, plus the boundaries of the bugs: 0.29.0 added the wake in sync_weights,
+# 1.9.2 is the last with #5312, 1.10.0 has the upstream fix).
+TRL_VERSIONS: tuple[str, ...] = (
+    "0.23.1",
+    "0.24.0",
+    "0.25.1",
+    "0.26.2",
+    "0.27.2",
+    "0.28.0",
+    "0.29.0",
+    "0.29.1",
+    "1.0.0",
+    "1.9.2",
+    "1.10.0",
+    "1.16.0",
+)
+
+# Extra requirements installed into the same --target dir for a given version
+# (e.g. a transformers pin). Empty: tests/requirements.txt serves all of them.
+TRL_EXTRAS: dict[str, tuple[str, ...]] = {}
+
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+){1,3}([a-z]+[0-9]+)?(\.post[0-9]+)?$")
+
+
+class EnvError(Exception):
+    """Bad input or failed install; str() is one line."""
+
+
+def _check_version(version: str) -> str:
+    if not isinstance(version, str) or not _VERSION_RE.match(version.strip()):
+        raise EnvError(f"invalid TRL version {version!r} (expected e.g. 1.9.2)")
+    return version.strip()
+
+
+class _FileLock:
+    """Exclusive lock on a file (fcntl on POSIX, msvcrt elsewhere)."""
+
+    def __init__(self, path: pathlib.Path, timeout: float = 1800.0):
+        self.path = path
+        self.timeout = timeout
+        self._fh = None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a+")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if os.name == "nt":  # pragma: no cover
+                    import msvcrt
+
+                    msvcrt.locking(self._fh.fileno(), msvcrt.LK_NBLCK, 1)
+                else:
+                    import fcntl
+
+                    fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self._fh.close()
+                    raise EnvError(f"timed out waiting for lock {self.path}")
+                time.sleep(0.2)
+
+    def __exit__(self, *exc):
+        try:
+            if os.name == "nt":  # pragma: no cover
+                import msvcrt
+
+                msvcrt.locking(self._fh.fileno(), msvcrt.LK_UNLCK, 1)
+            else:
+                import fcntl
+
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+        finally:
+            self._fh.close()
+        return False
+
+
+def _ready(path: pathlib.Path) -> bool:
+    return (path / "trl" / "__init__.py").is_file()
+
+
+def _install(dest: pathlib.Path, requirements: list[str]) -> None:
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        cmd = [
+            sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
+            "--disable-pip-version-check", "--quiet", "--target", str(tmp), *requirements,
+        ]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and "is ignored" not in ln]
+            last = lines[-1] if lines else f"exit {proc.returncode}"
+            raise EnvError(f"pip install {' '.join(requirements)} failed: {last.strip()}")
+        if not (tmp / "trl" / "__init__.py").is_file():
+            raise EnvError(f"pip install {' '.join(requirements)} produced no trl package")
+        if dest.exists():  # stale, incomplete dir from an older run
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def trl_path(version: str) -> pathlib.Path:
+    """Return .envs/trl-<version>, installing trl==<version> there first if needed."""
+    version = _check_version(version)
+    dest = ENVS_DIR / f"trl-{version}"
+    if _ready(dest):
+        return dest
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with _FileLock(ENVS_DIR / f".trl-{version}.lock"):
+        if not _ready(dest):
+            _install(dest, [f"trl=={version}", *TRL_EXTRAS.get(version, ())])
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python -m tests.envs [trl] VERSION [VERSION ...] | python -m tests.envs [trl] all"
+    if argv[:1] == ["trl"]:
+        argv = argv[1:]
+    if not argv or any(a.startswith("-") for a in argv):
+        print(usage, file=sys.stderr)
+        return 2
+    versions = list(TRL_VERSIONS) if argv == ["all"] else argv
+    try:
+        for v in versions:
+            _check_version(v)
+        for v in versions:
+            print(trl_path(v))
+    except EnvError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
