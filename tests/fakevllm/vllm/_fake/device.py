@@ -271,4 +271,10 @@ def install() -> None:
     if DEVICE_TYPE == "cuda":
         _install_cuda()
     else:
-        import torch_npu  # noqa: F401  (the fake one in tests/fakevllm/npu: sets torch.npu)
+        # vllm-ascend / torch_npu live in tests/fakevllm/npu (kept off sys.path in CUDA mode so
+        # find_spec("vllm_ascend") is None there, as on a CUDA box).
+        import sys
+        npu_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "npu")
+        if npu_dir not in sys.path:
+            sys.path.append(npu_dir)
+        import torch_npu  # noqa: F401

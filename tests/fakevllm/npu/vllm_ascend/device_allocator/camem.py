@@ -1,0 +1,44 @@
+"""Mirrors vllm_ascend/device_allocator/camem.py CaMemAllocator: same design as
+vLLM's CuMemAllocator on torch.npu; ``__init__`` asserts that the ENV STRING
+PYTORCH_NPU_ALLOC_CONF has no "expandable_segments:True" (a run-time setting or
+an env var rewritten after torch_npu initialised passes the assert while the
+allocator still has expandable segments on); ``use_memory_pool`` does NOT
+toggle expandable segments."""
+import os
+from contextlib import contextmanager
+
+import torch
+
+from vllm._fake.device import DEVICE
+from vllm.device_allocator.cumem import CuMemAllocator
+
+
+class CaMemAllocator(CuMemAllocator):
+    instance = None
+
+    @classmethod
+    def get_instance(cls) -> "CaMemAllocator":
+        if CaMemAllocator.instance is None:
+            CaMemAllocator.instance = CaMemAllocator()
+        return CaMemAllocator.instance
+
+    def __init__(self):
+        conf = os.environ.get("PYTORCH_NPU_ALLOC_CONF", "")
+        assert "expandable_segments:True" not in conf, (
+            "Expandable segments are not compatible with memory pool. "
+            "Please track https://github.com/pytorch/pytorch/issues/147851 "
+            "for the latest updates.")
+        self.pointer_to_data = {}
+        self.current_tag = CuMemAllocator.default_tag
+        self.allocator_and_pools = {}
+        self.python_malloc_callback = self._python_malloc_callback
+        self.python_free_callback = self._python_free_callback
+
+    def _sync(self):
+        torch.npu.synchronize()
+
+    def _empty_cache(self):
+        torch.npu.empty_cache()
+
+    def _expandable_toggle(self) -> bool:
+        return False

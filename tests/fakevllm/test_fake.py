@@ -1,0 +1,326 @@
+"""Self-tests of the fake vLLM's semantics.  Every scenario runs in a fresh
+subprocess because the fake reads its configuration (and the device its
+allocator settings) once per process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    sys.path.insert(0, TESTS)
+    import tiny
+    return tiny.make_tiny_model(str(d / "m"), seed=0)
+
+
+PRELUDE = """
+import json, os, sys, torch
+import vllm
+from vllm import LLM, SamplingParams
+from vllm._fake import EVENTS, fingerprint
+dev = vllm._fake.device.DEVICE
+mem = torch.npu if vllm._fake.DEVICE_TYPE == "npu" else torch.cuda
+MODEL = sys.argv[1]
+def new_llm(**kw):
+    kw.setdefault("enable_sleep_mode", True)
+    kw.setdefault("gpu_memory_utilization", 0.5)
+    kw.setdefault("distributed_executor_backend", "external_launcher")
+    return LLM(model=MODEL, **kw)
+def wfp(llm):
+    return llm.llm_engine.model_executor.driver_worker.model_runner.weights_fp()
+def model(llm):
+    return llm.llm_engine.model_executor.driver_worker.model_runner.model
+SP = SamplingParams(max_tokens=6, temperature=0.0)
+PROMPT = [{"prompt_token_ids": [3, 10, 11, 12]}]
+def toks(llm):
+    return llm.generate(PROMPT, SP, use_tqdm=False)[0].outputs[0].token_ids
+RESULT = {}
+"""
+
+
+def run(model_dir, body: str, env: dict | None = None, expect_rc: int = 0) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEVLLM_", "PYTORCH_"))}
+    e["PYTHONPATH"] = os.pathsep.join([HERE, e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e["VLLM_LOGGING_LEVEL"] = "ERROR"
+    e.update(env or {})
+    code = PRELUDE + textwrap.dedent(body) + "\nprint('RESULT=' + json.dumps(RESULT))\n"
+    p = subprocess.run([sys.executable, "-c", code, model_dir], env=e, capture_output=True, text=True,
+                       timeout=300, cwd=os.path.dirname(model_dir))
+    assert p.returncode == expect_rc, p.stdout[-3000:] + p.stderr[-3000:]
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT="):
+            return json.loads(line[7:])
+    return {"stderr": p.stderr}
+
+
+def test_level1_roundtrip_preserves_weights(model_dir):
+    r = run(model_dir, """
+        llm = new_llm()
+        fp0, t0 = wfp(llm), toks(llm)
+        f0 = mem.mem_get_info()[0]
+        llm.sleep(level=1)
+        RESULT["freed"] = mem.mem_get_info()[0] - f0
+        RESULT["sleeping"] = llm.llm_engine.is_sleeping()
+        try:
+            toks(llm); RESULT["gen_asleep"] = "ok"
+        except RuntimeError as e:
+            RESULT["gen_asleep"] = str(e)
+        llm.wake_up()
+        RESULT["same_fp"] = wfp(llm) == fp0
+        RESULT["same_toks"] = toks(llm) == t0
+    """)
+    assert r["freed"] > 30 * 2**30 and r["sleeping"] and r["gen_asleep"] != "ok"
+    assert r["same_fp"] and r["same_toks"]
+
+
+def test_level2_wake_is_garbage_and_reload_restores(model_dir):
+    r = run(model_dir, """
+        llm = new_llm()
+        fp0, t0 = wfp(llm), toks(llm)
+        llm.sleep(level=2); llm.wake_up()
+        RESULT["garbage"] = wfp(llm) != fp0
+        RESULT["garbage_toks_differ"] = toks(llm) != t0
+        RESULT["origin"] = llm.llm_engine.model_executor.driver_worker.model_runner.weights_origin
+        llm.collective_rpc("reload_weights")
+        RESULT["restored"] = wfp(llm) == fp0 and toks(llm) == t0
+        gens = [e for e in EVENTS if e["event"] == "generate"]
+        RESULT["is_ckpt"] = [g["is_checkpoint"] for g in gens]
+    """)
+    assert r["garbage"] and r["garbage_toks_differ"] and r["origin"] == "garbage"
+    assert r["restored"] and r["is_ckpt"] == [True, False, True]
+
+
+def test_level2_keeps_buffers(model_dir):
+    r = run(model_dir, """
+        llm = new_llm()
+        b0 = {n: b.clone() for n, b in model(llm).named_buffers()}
+        llm.sleep(level=2); llm.wake_up()
+        RESULT["n"] = len(b0)
+        RESULT["same"] = all(torch.equal(b0[n], b) for n, b in model(llm).named_buffers())
+    """)
+    assert r["n"] >= 1 and r["same"]
+
+
+def test_load_weights_writes_and_lost_while_asleep_cuda(model_dir):
+    r = run(model_dir, """
+        llm = new_llm()
+        m = model(llm)
+        new = [(n, torch.full_like(p, 0.01)) for n, p in m.named_parameters()]
+        RESULT["loaded"] = len(m.load_weights(new))
+        RESULT["written"] = wfp(llm) == fingerprint(new)
+        llm.sleep(level=2)
+        m.load_weights([(n, torch.full_like(p, 0.02)) for n, p in m.named_parameters()])   # lost
+        llm.wake_up(tags=["weights"])
+        RESULT["lost"] = wfp(llm) != fingerprint([(n, torch.full_like(p, 0.02)) for n, p in m.named_parameters()])
+        try:
+            m.load_weights([("nope.weight", torch.zeros(1))]); RESULT["unknown"] = "ok"
+        except KeyError:
+            RESULT["unknown"] = "KeyError"
+    """)
+    assert r["loaded"] > 0 and r["written"] and r["lost"] and r["unknown"] == "KeyError"
+
+
+def test_executor_guards(model_dir):
+    r = run(model_dir, """
+        llm = new_llm()
+        ex = llm.llm_engine.model_executor
+        llm.sleep(level=1); n0 = len([e for e in EVENTS if e["event"] == "worker_sleep"])
+        llm.sleep(level=2)   # warning no-op
+        RESULT["second_sleep_noop"] = len([e for e in EVENTS if e["event"] == "worker_sleep"]) == n0
+        llm.wake_up(tags=["weights"])
+        RESULT["after_weights"] = sorted(ex.sleeping_tags)
+        llm.wake_up(tags=["weights", "kv_cache"])   # weights not asleep -> wakes NOTHING
+        RESULT["after_both"] = sorted(ex.sleeping_tags)
+        RESULT["kv_mapped"] = ex.driver_worker.model_runner.kv_alloc.mapped
+        llm.wake_up(tags=["kv_cache"])
+        RESULT["awake"] = (not ex.is_sleeping) and not llm.llm_engine.is_sleeping()
+        llm.wake_up()   # not sleeping -> warning no-op
+        RESULT["guards"] = [e["note"] for e in EVENTS if e["event"] == "executor_guard"]
+        try:
+            llm.collective_rpc("definitely_missing"); RESULT["rpc"] = "ok"
+        except NotImplementedError as e:
+            RESULT["rpc"] = str(e)
+    """)
+    assert r["second_sleep_noop"]
+    assert r["after_weights"] == ["kv_cache"] and r["after_both"] == ["kv_cache"] and not r["kv_mapped"]
+    assert r["awake"]
+    assert r["guards"] == ["Executor is already sleeping.", "Tag weights is not in sleeping tags ['kv_cache']",
+                           "Executor is not sleeping."]
+    assert r["rpc"] == "Method 'definitely_missing' is not implemented."
+
+
+def test_generate_outputs_shape_and_logprobs(model_dir):
+    r = run(model_dir, """
+        llm = new_llm(logprobs_mode="processed_logprobs")
+        sp = SamplingParams(n=2, max_tokens=5, temperature=0.8, top_p=0.9, top_k=50, seed=3, logprobs=2)
+        outs = llm.generate([{"prompt_token_ids": [3, 10, 11]}, "the cat is"], sp, use_tqdm=False)
+        o = outs[0].outputs[0]
+        RESULT["n"] = [len(x.outputs) for x in outs]
+        RESULT["prompt_ids"] = outs[0].prompt_token_ids
+        RESULT["lens"] = len(o.token_ids) == len(o.logprobs)
+        first = o.logprobs[0]
+        tid = o.token_ids[0]
+        RESULT["sampled_in"] = tid in first and len(first) <= 3
+        RESULT["ranks"] = sorted(lp.rank for lp in first.values())[:2]
+        RESULT["finite"] = all(lp.logprob <= 0 for d in o.logprobs for lp in d.values())
+        again = llm.generate([{"prompt_token_ids": [3, 10, 11]}], sp, use_tqdm=False)[0].outputs[0].token_ids
+        RESULT["seeded"] = again == o.token_ids
+        ch = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=3), use_tqdm=False)
+        RESULT["chat"] = len(ch) == 1 and len(ch[0].outputs[0].token_ids) >= 1
+    """)
+    assert r["n"] == [2, 2] and r["prompt_ids"] == [3, 10, 11] and r["lens"] and r["sampled_in"]
+    assert r["ranks"][0] == 1 and r["finite"] and r["seeded"] and r["chat"]
+
+
+def test_dist_info_version(model_dir):
+    r = run(model_dir, """
+        import importlib.metadata as md
+        RESULT["v"] = md.version("vllm"); RESULT["attr"] = vllm.__version__
+        import importlib.util
+        RESULT["ascend"] = importlib.util.find_spec("vllm_ascend") is not None
+        from vllm.logprobs import Logprob; from vllm.sequence import Logprob as L2
+        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.distributed.parallel_state import get_world_group
+        from vllm.lora.request import LoRARequest
+        from vllm.platforms import current_platform
+        RESULT["dt"] = current_platform.device_type
+        RESULT["cuda_avail"] = torch.cuda.is_available()
+    """)
+    assert r == {"v": "0.24.0", "attr": "0.24.0", "ascend": False, "dt": "cuda", "cuda_avail": False}
+
+
+def test_make_site_other_version(model_dir, tmp_path):
+    sys.path.insert(0, HERE)
+    import make_site
+    site = make_site.make_site(str(tmp_path / "site"), version="0.10.2")
+    env = {"PYTHONPATH": site, "FAKEVLLM_VERSION": "0.10.2"}
+    p = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, vllm; "
+                        "from vllm.sampling_params import GuidedDecodingParams; "
+                        "print(m.version('vllm'), vllm.__version__)"],
+                       env={**os.environ, **env}, capture_output=True, text=True, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0.10.2", "0.10.2"]
+    # mismatch is refused
+    p = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, cwd=str(tmp_path),
+                       env={**os.environ, "PYTHONPATH": site, "FAKEVLLM_VERSION": "0.24.0"})
+    assert p.returncode != 0 and "make_site" in p.stderr
+
+
+def test_npu_mode_errors(model_dir):
+    r = run(model_dir, """
+        import vllm_ascend
+        from vllm.platforms import current_platform
+        RESULT["dt"] = current_platform.device_type
+        llm = new_llm()
+        try:
+            llm.collective_rpc("reload_weights"); RESULT["reload"] = "ok"
+        except NotImplementedError as e:
+            RESULT["reload"] = str(e)
+        llm.sleep(level=2)
+        m = model(llm)
+        try:
+            m.load_weights([(n, p.clone()) for n, p in m.named_parameters()]); RESULT["write"] = "ok"
+        except RuntimeError as e:
+            RESULT["write"] = str(e)
+        RESULT["alloc"] = type(llm.llm_engine.model_executor.driver_worker._allocator()).__name__
+    """, env={"FAKEVLLM_DEVICE": "npu"})
+    assert r["dt"] == "npu"
+    assert r["reload"] == "Method 'reload_weights' is not implemented."
+    assert r["write"] == "The DDR address of the MTE instruction is out of range"
+    assert r["alloc"] == "CaMemAllocator"
+
+
+def test_npu_reload_from_ascend_0_24(model_dir):
+    r = run(model_dir, """
+        llm = new_llm()
+        llm.collective_rpc("reload_weights"); RESULT["ok"] = True
+    """, env={"FAKEVLLM_DEVICE": "npu", "FAKEVLLM_ASCEND_VERSION": "0.24.0rc1"})
+    assert r["ok"]
+
+
+def test_npu_env_assert(model_dir):
+    run(model_dir, "new_llm()", env={"FAKEVLLM_DEVICE": "npu",
+                                    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}, expect_rc=1)
+
+
+SLEEP_FREED = """
+    SETUP
+    mem.mem_get_info()            # first device use: allocator parses its env var
+    AFTER
+    llm = new_llm()
+    f0 = mem.mem_get_info()[0]
+    llm.sleep(level=1)
+    RESULT["freed_gib"] = (mem.mem_get_info()[0] - f0) / 2**30
+    RESULT["pool"] = llm.llm_engine.model_executor.driver_worker._allocator().get_current_usage()
+    RESULT["expandable"] = dev.expandable_segments
+"""
+
+
+def _freed(model_dir, env, setup="", after=""):
+    body = SLEEP_FREED.replace("SETUP", setup).replace("AFTER", after)
+    return run(model_dir, body, env=env)
+
+
+@pytest.mark.parametrize("case,env,setup,after,bypass", [
+    ("npu env rewritten after torch_npu init", {"FAKEVLLM_DEVICE": "npu",
+     "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}, "",
+     "os.environ['PYTORCH_NPU_ALLOC_CONF'] = 'expandable_segments:False'", True),
+    ("npu live setting", {"FAKEVLLM_DEVICE": "npu"}, "", "torch.npu.memory._set_allocator_settings('expandable_segments:True')", True),
+    ("npu plain", {"FAKEVLLM_DEVICE": "npu"}, "", "", False),
+    ("old torch, PYTORCH_ALLOC_CONF", {"FAKEVLLM_TORCH": "old", "PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "", "", True),
+    ("old torch, live setting", {"FAKEVLLM_TORCH": "old"}, "", "torch.cuda.memory._set_allocator_settings('expandable_segments:True')", True),
+    ("old torch, PYTORCH_CUDA_ALLOC_CONF (vLLM toggles it off)", {"FAKEVLLM_TORCH": "old",
+     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "", "", False),
+    ("modern torch, PYTORCH_ALLOC_CONF", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, "", "", False),
+    ("modern torch, live", {}, "", "torch.cuda.memory._set_allocator_settings('expandable_segments:True')", False),
+    ("old torch, vLLM 0.33 sees live setting", {"FAKEVLLM_TORCH": "old", "FAKEVLLM_VERSION": "0.33.0",
+     "PYTHONPATH": "SITE033"}, "", "torch.cuda.memory._set_allocator_settings('expandable_segments:True')", False),
+])
+def test_bypass(model_dir, tmp_path, case, env, setup, after, bypass):
+    env = dict(env)
+    if env.get("PYTHONPATH") == "SITE033":
+        sys.path.insert(0, HERE)
+        import make_site
+        env["PYTHONPATH"] = make_site.make_site(str(tmp_path / "s033"), version="0.33.0")
+    r = _freed(model_dir, env, setup, after)
+    if bypass:
+        assert r["freed_gib"] < 0.01 and r["pool"] == 0, (case, r)
+    else:
+        assert r["freed_gib"] > 30 and r["pool"] > 0, (case, r)
+
+
+def test_allocator_settings_keep_other_keys(model_dir):
+    r = run(model_dir, """
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        RESULT["s"] = torch.cuda.memory._fakevllm_get_allocator_settings()
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"})
+    assert r["s"] == "max_split_size_mb:128,expandable_segments:True"
+
+
+def test_old_vllm_asserts_on_cuda_conf(model_dir, tmp_path):
+    sys.path.insert(0, HERE)
+    import make_site
+    site = make_site.make_site(str(tmp_path / "s020"), version="0.20.0")
+    run(model_dir, "new_llm()", env={"PYTHONPATH": site, "FAKEVLLM_VERSION": "0.20.0",
+                                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, expect_rc=1)
+
+
+def test_events_jsonl(model_dir, tmp_path):
+    path = tmp_path / "ev.jsonl"
+    run(model_dir, """
+        llm = new_llm(); toks(llm); llm.sleep(level=1); llm.wake_up(); toks(llm)
+    """, env={"FAKEVLLM_EVENTS": str(path)})
+    recs = [json.loads(l) for l in path.read_text().splitlines()]
+    kinds = [r["event"] for r in recs]
+    assert kinds.count("generate") == 2 and "sleep" in kinds and "wake_up" in kinds
+    assert all("weights_fp" in r for r in recs if r["event"] == "generate")

@@ -1,0 +1,75 @@
+"""Mirrors vllm/config (ModelConfig, CacheConfig, ParallelConfig, VllmConfig):
+only the fields the fake engine and TRL/ms-swift read."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    model: str
+    tokenizer: Optional[str] = None
+    dtype: Any = "auto"
+    seed: int = 0
+    max_model_len: Optional[int] = None
+    enable_sleep_mode: bool = False
+    load_format: str = "auto"
+    trust_remote_code: bool = False
+    logprobs_mode: str = "raw_logprobs"
+    max_logprobs: int = 20
+    model_impl: str = "auto"
+    quantization: Optional[str] = None
+    hf_config: Any = None
+
+    def __post_init__(self):
+        if self.tokenizer is None:
+            self.tokenizer = self.model
+        if self.hf_config is None:
+            try:
+                from transformers import AutoConfig
+                self.hf_config = AutoConfig.from_pretrained(self.model, trust_remote_code=self.trust_remote_code)
+            except Exception:
+                self.hf_config = None
+        if self.max_model_len is None:
+            self.max_model_len = int(getattr(self.hf_config, "max_position_embeddings", 2048) or 2048)
+
+    @property
+    def hf_text_config(self):
+        return self.hf_config
+
+
+@dataclass
+class CacheConfig:
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: Optional[int] = None
+    enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"
+    block_size: int = 16
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: Any = None
+    world_size: int = 1
+
+
+@dataclass
+class LoRAConfig:
+    max_lora_rank: int = 16
+    max_loras: int = 1
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    lora_config: Optional[LoRAConfig] = None
+    quant_config: Any = None
+    additional_config: dict = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Mirrors vllm/distributed/weight_transfer (0.22+), names only."""

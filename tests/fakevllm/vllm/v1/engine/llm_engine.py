@@ -1,0 +1,152 @@
+"""Mirrors vllm/v1/engine/llm_engine.py ``LLMEngine`` together with the
+in-process engine core of vllm/v1/engine/core.py (``EngineCore.sleep``: pause
+scheduling, level >= 1 also resets the prefix cache and calls
+``model_executor.sleep(level)``; ``wake_up``: "scheduling" tag handling, then
+``model_executor.wake_up(tags)`` and resume scheduling; ``is_sleeping`` =
+scheduler paused or executor sleeping), plus ``reset_prefix_cache``.
+
+Generation requests run synchronously through the single worker's model runner.
+A request made while the scheduler is paused would wait forever in vLLM; the
+fake raises instead.  A forward pass touching unmapped memory raises like the
+device would (CUDA illegal memory access / NPU MTE out of range).
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from vllm import _fake
+from vllm.engine.arg_utils import EngineArgs
+from vllm.logger import init_logger
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.v1.executor.abstract import Executor
+
+logger = init_logger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, vllm_config, executor_class=None, log_stats: bool = False, **kwargs):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        executor_class = executor_class or Executor.get_class(vllm_config)
+        self.model_executor = executor_class(vllm_config)
+        # KV cache sizing (vllm/v1/engine/core.py _initialize_kv_caches)
+        avail = self.model_executor.determine_available_memory()[0]
+        self.model_executor.initialize_from_config(avail)
+        self._scheduler_paused = False
+        self.tokenizer = None
+        if not getattr(vllm_config, "skip_tokenizer_init", False):
+            from transformers import AutoTokenizer
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                self.model_config.tokenizer, trust_remote_code=self.model_config.trust_remote_code)
+        seed = self.model_config.seed
+        self._generator = torch.Generator().manual_seed(int(seed or 0))
+        self._req_counter = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, usage_context=None, stat_loggers=None,
+                         enable_multiprocessing: bool = False) -> "LLMEngine":
+        return cls(engine_args.create_engine_config())
+
+    from_vllm_config = classmethod(lambda cls, vllm_config, **kw: cls(vllm_config))
+
+    # -- tokenizer ------------------------------------------------------------
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # -- sleep --------------------------------------------------------------
+    def sleep(self, level: int = 1, mode: str = "abort"):
+        self._scheduler_paused = True
+        if level < 1:
+            _fake.log_event("pause_scheduling", level=level)
+            return
+        self.reset_prefix_cache()
+        self.model_executor.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None):
+        if tags is not None and "scheduling" in tags:
+            tags = [t for t in tags if t != "scheduling"]
+        if tags is None or tags:
+            self.model_executor.wake_up(tags)
+        # resume scheduling (0.18 - 0.2x: unconditionally)
+        self._scheduler_paused = False
+
+    def is_sleeping(self) -> bool:
+        return self._scheduler_paused or self.model_executor.is_sleeping
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        ok = self.model_executor.reset_prefix_cache()
+        _fake.log_event("reset_prefix_cache")
+        return ok
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        return self.model_executor.collective_rpc(method, timeout, args, kwargs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return 0
+
+    def has_unfinished_requests(self) -> bool:
+        return False
+
+    def abort_request(self, request_ids, internal: bool = False) -> None:
+        return None
+
+    # -- generation -------------------------------------------------------------
+    def run_requests(self, prompts: list[dict], params: list, lora_requests: list, kind: str = "generate"):
+        runner = self.model_executor.driver_worker.model_runner
+        if self._scheduler_paused:
+            raise RuntimeError(
+                "fakevllm: generate() called while the engine is sleeping (scheduler paused, sleeping tags "
+                f"{sorted(self.model_executor.sleeping_tags)}); vLLM would never schedule the requests.")
+        runner.check_accessible()
+        for lr in lora_requests:
+            if lr is not None and self.vllm_config.lora_config is None:
+                raise ValueError(f"LoRA request {lr!r} but LoRA is not enabled!")
+        tok = self.tokenizer
+        eos = set()
+        if tok is not None and tok.eos_token_id is not None:
+            eos.add(tok.eos_token_id)
+        gen_cfg_eos = getattr(runner.model.generation_config, "eos_token_id", None)
+        if isinstance(gen_cfg_eos, int):
+            eos.add(gen_cfg_eos)
+        elif gen_cfg_eos:
+            eos.update(gen_cfg_eos)
+        fp = runner.weights_fp()
+        outputs = []
+        stale_hits = 0
+        n_tokens = 0
+        for prompt, sp in zip(prompts, params):
+            ids = list(prompt["prompt_token_ids"])
+            if len(ids) >= self.model_config.max_model_len:
+                raise ValueError(f"The decoder prompt (length {len(ids)}) is longer than the maximum model "
+                                 f"length of {self.model_config.max_model_len}.")
+            if sp.logprobs is not None and sp.logprobs > self.model_config.max_logprobs:
+                raise ValueError(f"Requested sample logprobs of {sp.logprobs}, which is greater than "
+                                 f"max allowed: {self.model_config.max_logprobs}")
+            key = tuple(ids)
+            if self.cache_config.enable_prefix_caching:
+                if key in runner.prefix_cache and runner.prefix_cache[key] != fp:
+                    stale_hits += 1
+                runner.prefix_cache.setdefault(key, fp)
+            gen = self._generator
+            if sp.seed is not None:
+                gen = torch.Generator().manual_seed(int(sp.seed))
+            comps = []
+            for i in range(sp.n):
+                toks, lps, cum, finish, stop_reason = runner.generate_one(
+                    ids, sp, gen, tok, self.model_config.logprobs_mode, eos)
+                n_tokens += len(toks)
+                text = tok.decode(toks, skip_special_tokens=sp.skip_special_tokens) if (
+                    tok is not None and sp.detokenize) else ""
+                comps.append(CompletionOutput(i, text, toks, cum if sp.logprobs is not None else None, lps,
+                                              finish, stop_reason))
+            rid = str(next(self._req_counter))
+            outputs.append(RequestOutput(rid, prompt.get("prompt"), ids, None, comps, True,
+                                         lora_request=None))
+        _fake.log_event(kind, n_prompts=len(prompts), n_completions=sum(len(o.outputs) for o in outputs),
+                        n_tokens=n_tokens, weights_fp=fp, is_checkpoint=fp == runner.checkpoint_fp,
+                        weights_origin=runner.weights_origin, stale_prefix_hits=stale_hits,
+                        in_pool=runner.weights_alloc.pool is not None)
+        return outputs

@@ -1,0 +1,280 @@
+"""Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner): ``load_model``,
+``reload_weights``, ``initialize_kv_cache`` and the forward + sampler of
+``execute_model`` (vllm/v1/sample/sampler.py) -- on CPU, with a REAL
+transformers model loaded from the engine's checkpoint directory.
+
+The model object is the transformers model itself, given a ``load_weights``
+method (vLLM models' ``load_weights(Iterable[tuple[str, Tensor]]) -> set[str]``)
+so ``driver_worker.model_runner.model.load_weights(...)`` works as in TRL.
+Its parameters and buffers are the payload of the "weights" allocation on the
+fake device: while that allocation is unmapped, the contents are undefined.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+from vllm import _fake
+from vllm._fake.device import DEVICE
+from vllm.logprobs import Logprob
+
+
+def _device_fault() -> RuntimeError:
+    if _fake.DEVICE_TYPE == "npu":
+        return RuntimeError("The DDR address of the MTE instruction is out of range")
+    return RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _cache_kw(model) -> str:
+    import inspect
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class WeightsPayload:
+    """Contents of the "weights" allocation: all parameters and buffers."""
+
+    def __init__(self, model: torch.nn.Module, runner=None):
+        self.model = model
+        self.runner = runner
+        self._garbage_seed = 0
+
+    def tensors(self):
+        yield from self.model.named_parameters()
+        yield from self.model.named_buffers()
+
+    def backup(self):
+        b = {n: t.detach().clone() for n, t in self.tensors()}
+        b["__origin__"] = getattr(self.runner, "weights_origin", None)
+        return b
+
+    def restore(self, backup):
+        if self.runner is not None:
+            self.runner.weights_origin = backup.get("__origin__")
+        with torch.no_grad():
+            for n, t in self.tensors():
+                if n in backup:
+                    t.copy_(backup[n])
+
+    def scramble(self):
+        """Fresh physical pages: undefined contents (finite random values)."""
+        self._garbage_seed += 1
+        if self.runner is not None:
+            self.runner.weights_origin = "garbage"
+        g = torch.Generator().manual_seed(0xBAD0 + self._garbage_seed)
+        with torch.no_grad():
+            for _, t in self.tensors():
+                if t.is_floating_point():
+                    t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * 2.0)
+                else:
+                    t.copy_(torch.randint(0, 7, t.shape, generator=g).to(t.dtype))
+
+
+class VllmModelMixin:
+    """Adds vLLM's model ``load_weights`` to the transformers model."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        runner = self._fake_runner
+        return runner._write_weights(weights, source="load_weights")
+
+
+class GPUModelRunner:
+    def __init__(self, vllm_config, device=None):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.device = device
+        self.model = None
+        self.weights_alloc = None
+        self.kv_alloc = None
+        self.weights_origin = None
+        self.checkpoint_fp = None
+        self.prefix_cache: dict[tuple, str] = {}
+
+    # -- loading --------------------------------------------------------------
+    def _from_disk(self):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        mc = self.model_config
+        if mc.load_format == "dummy":
+            cfg = AutoConfig.from_pretrained(mc.model, trust_remote_code=mc.trust_remote_code)
+            return AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(mc.model, torch_dtype=torch.float32,
+                                                    trust_remote_code=mc.trust_remote_code)
+
+    def load_model(self, eep_scale_up: bool = False) -> None:
+        hf = self._from_disk()
+        hf.eval()
+        hf.requires_grad_(False)
+        hf.__class__ = type("Fake" + type(hf).__name__, (type(hf), VllmModelMixin), {})
+        hf._fake_runner = self
+        self.model = hf
+        nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(hf).tensors())
+        self.weights_alloc = DEVICE.allocate(nbytes, label="weights", payload=WeightsPayload(hf, self))
+        self.checkpoint_fp = self.weights_fp()
+        self.weights_origin = "checkpoint"
+        _fake.log_event("load_model", model=str(self.model_config.model), nbytes=nbytes,
+                        weights_fp=self.checkpoint_fp, in_pool=self.weights_alloc.pool is not None)
+
+    def get_model(self):
+        return self.model
+
+    def weights_fp(self) -> str:
+        return _fake.fingerprint(self.model.named_parameters())
+
+    def _weights_accessible(self) -> bool:
+        return self.weights_alloc is not None and self.weights_alloc.mapped
+
+    def _write_weights(self, weights, source: str) -> set[str]:
+        """default_weight_loader over params_dict (vLLM model load_weights)."""
+        params_dict = dict(self.model.named_parameters())
+        loaded: set[str] = set()
+        names = []
+        mapped = self._weights_accessible()
+        if not mapped and _fake.DEVICE_TYPE == "npu":
+            _fake.log_event(source, lost=True, crashed=True)
+            raise _device_fault()
+        with torch.no_grad():
+            for name, w in weights:
+                if name not in params_dict and name == "lm_head.weight" and getattr(
+                        self.model.config, "tie_word_embeddings", False):
+                    continue
+                param = params_dict[name]  # KeyError like vLLM for unknown names
+                assert param.size() == w.size(), (
+                    f"Attempted to load weight ({w.size()}) into parameter ({param.size()})")
+                if mapped:
+                    param.copy_(w.detach().to(param.device, param.dtype))
+                loaded.add(name)
+                names.append(name)
+        if mapped:
+            fp = self.weights_fp()
+            self.weights_origin = "checkpoint" if fp == self.checkpoint_fp else source
+        _fake.log_event(source, n_tensors=len(names), lost=not mapped,
+                        weights_fp=self.weights_fp() if mapped else None,
+                        is_checkpoint=(self.weights_fp() == self.checkpoint_fp) if mapped else None,
+                        **({"note": "weights tag unmapped: write lost (undefined behaviour on CUDA)"}
+                           if not mapped else {}))
+        return loaded
+
+    def reload_weights(self, weights_iterator=None, is_checkpoint_format: bool = True) -> None:
+        """0.16+: ``reload_weights(weights_iterator=None, is_checkpoint_format=True)``;
+        without an iterator it re-reads the checkpoint the engine started from."""
+        if weights_iterator is not None:
+            self._write_weights(weights_iterator, source="reload_weights")
+            return
+        if self.model_config.load_format == "dummy":
+            if _fake.V >= _fake.Version("0.16.0"):
+                raise NotImplementedError("reload_weights is not supported with the dummy loader")
+            fresh = self._from_disk()
+        else:
+            fresh = self._from_disk()
+        self._write_weights(list(fresh.named_parameters()), source="reload_weights")
+
+    def initialize_kv_cache(self, nbytes: int) -> None:
+        self.kv_alloc = DEVICE.allocate(nbytes, label="kv_cache")
+        _fake.log_event("initialize_kv_cache", nbytes=nbytes, in_pool=self.kv_alloc.pool is not None)
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache.clear()
+        return True
+
+    # -- execution ------------------------------------------------------------
+    def check_accessible(self):
+        for a in (self.weights_alloc, self.kv_alloc):
+            if a is not None and not a.mapped:
+                raise _device_fault()
+
+    @torch.no_grad()
+    def generate_one(self, prompt_ids: list[int], sp, generator, tokenizer, logprobs_mode: str,
+                     eos_ids: set[int]):
+        model = self.model
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        out = model(input_ids=ids, use_cache=True)
+        past = getattr(out, "past_key_values", None)
+        if past is None:
+            past = getattr(out, "cache", None)
+        logits = out.logits[0, -1].float()
+        generated: list[int] = []
+        lps = [] if sp.logprobs is not None else None
+        cum = 0.0
+        finish = "length"
+        stop_reason = None
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else max(
+            self.model_config.max_model_len - len(prompt_ids), 1)
+        vocab = logits.shape[-1]
+        for step in range(max_tokens):
+            raw = logits.clone()
+            x = logits.clone()
+            if sp.logit_bias:
+                for t, b in sp.logit_bias.items():
+                    x[int(t)] += b
+            if sp.allowed_token_ids:
+                mask = torch.full_like(x, float("-inf"))
+                mask[list(sp.allowed_token_ids)] = 0
+                x = x + mask
+            if step < (sp.min_tokens or 0):
+                for e in eos_ids | set(sp.stop_token_ids or []):
+                    if e < vocab:
+                        x[e] = float("-inf")
+            seen = prompt_ids + generated
+            if sp.repetition_penalty != 1.0 and seen:
+                idx = torch.tensor(sorted(set(seen)), dtype=torch.long)
+                idx = idx[idx < vocab]
+                v = x[idx]
+                x[idx] = torch.where(v > 0, v / sp.repetition_penalty, v * sp.repetition_penalty)
+            if (sp.presence_penalty or sp.frequency_penalty) and generated:
+                cnt = torch.bincount(torch.tensor(generated), minlength=vocab)[:vocab].float()
+                x = x - sp.frequency_penalty * cnt - sp.presence_penalty * (cnt > 0).float()
+            greedy = sp.temperature < 1e-5
+            if not greedy:
+                x = x / sp.temperature
+                if sp.top_k and sp.top_k > 0 and sp.top_k < vocab:
+                    kth = torch.topk(x, sp.top_k).values[-1]
+                    x = torch.where(x < kth, torch.full_like(x, float("-inf")), x)
+                if sp.top_p < 1.0:
+                    sx, si = torch.sort(x, descending=True)
+                    cp = torch.softmax(sx, -1).cumsum(-1)
+                    remove = cp - torch.softmax(sx, -1) > sp.top_p
+                    sx[remove] = float("-inf")
+                    x = torch.full_like(x, float("-inf")).scatter(0, si, sx)
+                if sp.min_p and sp.min_p > 0:
+                    p = torch.softmax(x, -1)
+                    x = torch.where(p < sp.min_p * p.max(), torch.full_like(x, float("-inf")), x)
+                probs = torch.softmax(x, -1)
+                tok = int(torch.multinomial(probs, 1, generator=generator).item())
+            else:
+                tok = int(torch.argmax(x).item())
+            src = raw if logprobs_mode.startswith("raw") else x
+            lp_all = torch.log_softmax(src, -1)
+            tok_lp = float(lp_all[tok])
+            cum += tok_lp if not math.isnan(tok_lp) else 0.0
+            if lps is not None:
+                rank = int((lp_all > lp_all[tok]).sum().item()) + 1
+                d = {tok: Logprob(tok_lp, rank, tokenizer.decode([tok]) if tokenizer else None)}
+                k = sp.logprobs if sp.logprobs != -1 else vocab
+                if k > 0:
+                    top = torch.topk(lp_all, min(k, vocab))
+                    for r, (v, t) in enumerate(zip(top.values.tolist(), top.indices.tolist()), 1):
+                        if t not in d:
+                            d[t] = Logprob(v, r, tokenizer.decode([t]) if tokenizer else None)
+                lps.append(d)
+            generated.append(tok)
+            if (tok in eos_ids and not sp.ignore_eos):
+                finish = "stop"
+                break
+            if tok in (sp.stop_token_ids or []):
+                finish, stop_reason = "stop", tok
+                break
+            if sp.stop and tokenizer is not None:
+                text = tokenizer.decode(generated, skip_special_tokens=sp.skip_special_tokens)
+                hit = next((s for s in sp.stop if s in text), None)
+                if hit is not None:
+                    finish, stop_reason = "stop", hit
+                    break
+            if len(prompt_ids) + len(generated) >= self.model_config.max_model_len:
+                break
+            out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{_cache_kw(model): past})
+            past = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+            logits = out.logits[0, -1].float()
+        return generated, lps, cum, finish, stop_reason

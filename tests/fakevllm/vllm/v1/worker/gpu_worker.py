@@ -1,0 +1,152 @@
+"""Mirrors vllm/v1/worker/gpu_worker.py ``Worker``: ``init_device`` (startup
+memory check), ``load_model`` (under ``CuMemAllocator.use_memory_pool(tag="weights")``
+when sleep mode is on), ``initialize_from_config`` (KV cache under
+``use_memory_pool(tag="kv_cache")``), ``sleep`` (level 1 offloads tag "weights",
+level 2 offloads nothing but saves ``model.named_buffers()``), ``wake_up``
+(restores the saved buffers), ``reload_weights``.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from vllm import _fake
+from vllm._fake.device import DEVICE
+from vllm.logger import init_logger
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+logger = init_logger(__name__)
+GiB_bytes = 1 << 30
+
+
+class WorkerBase:
+    """Mirrors vllm/v1/worker/worker_base.py WorkerBase (subset)."""
+
+    def __init__(self, vllm_config, local_rank=0, rank=0, distributed_init_method=None,
+                 is_driver_worker=True):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.local_rank = local_rank
+        self.rank = rank
+        self.is_driver_worker = is_driver_worker
+        self.model_runner = None
+
+    def check_health(self) -> None:
+        return None
+
+
+class Worker(WorkerBase):
+    _mem = "cuda"
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._sleep_saved_buffers: dict[str, torch.Tensor] = {}
+
+    # device helpers (torch.cuda.* here, torch.npu.* in vllm_ascend)
+    def _mem_get_info(self):
+        return torch.cuda.mem_get_info()
+
+    def _empty_cache(self):
+        torch.cuda.empty_cache()
+
+    def _allocator(self):
+        from vllm.device_allocator.cumem import CuMemAllocator
+        return CuMemAllocator.get_instance()
+
+    def init_device(self):
+        self._empty_cache()
+        free, total = self._mem_get_info()
+        self.init_snapshot = (free, total)
+        requested = self.cache_config.gpu_memory_utilization * total
+        if free < requested:
+            raise ValueError(
+                f"Free memory on device ({free / GiB_bytes:.2f}/{total / GiB_bytes:.2f} GiB) on startup "
+                f"is less than desired GPU memory utilization "
+                f"({self.cache_config.gpu_memory_utilization}, {requested / GiB_bytes:.2f} GiB). Decrease "
+                f"GPU memory utilization or reduce GPU memory used by other processes.")
+        self.model_runner = GPUModelRunner(self.vllm_config, self._mem)
+
+    def load_model(self) -> None:
+        if self.vllm_config.model_config.enable_sleep_mode:
+            allocator = self._allocator()
+            assert allocator.get_current_usage() == 0, "Sleep mode can only be used for one instance per process."
+            context = allocator.use_memory_pool(tag="weights")
+        else:
+            context = nullcontext()
+        with context:
+            self.model_runner.load_model()
+
+    def determine_available_memory(self) -> int:
+        """v1: requested_memory (utilization x total) minus this instance's
+        non-KV memory (weights, activations, non-torch growth since startup)."""
+        if self.cache_config.kv_cache_memory_bytes is not None:
+            return int(self.cache_config.kv_cache_memory_bytes)
+        free, total = self._mem_get_info()
+        requested = int(self.cache_config.gpu_memory_utilization * total)
+        non_kv = max(self.init_snapshot[0] - free, 0)
+        avail = requested - non_kv
+        if avail <= 0:
+            raise ValueError("No available memory for the cache blocks. Try increasing "
+                             "`gpu_memory_utilization` when initializing the engine.")
+        return int(avail)
+
+    def initialize_from_config(self, kv_cache_bytes: int) -> None:
+        if self.vllm_config.model_config.enable_sleep_mode:
+            context = self._allocator().use_memory_pool(tag="kv_cache")
+        else:
+            context = nullcontext()
+        with context:
+            self.model_runner.initialize_kv_cache(kv_cache_bytes)
+
+    def compile_or_warm_up_model(self) -> None:
+        return None
+
+    def get_model(self):
+        return self.model_runner.get_model()
+
+    def sleep(self, level: int = 1) -> None:
+        free_bytes_before_sleep = self._mem_get_info()[0]
+        if level == 2:
+            model = self.model_runner.model
+            self._sleep_saved_buffers = {name: buffer.cpu().clone() for name, buffer in model.named_buffers()}
+        allocator = self._allocator()
+        allocator.sleep(offload_tags=("weights",) if level == 1 else tuple())
+        free_bytes_after_sleep, total = self._mem_get_info()
+        freed_bytes = free_bytes_after_sleep - free_bytes_before_sleep
+        used_bytes = total - free_bytes_after_sleep
+        assert freed_bytes >= 0, "Memory usage increased after sleeping."
+        logger.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.",
+                    freed_bytes / GiB_bytes, used_bytes / GiB_bytes)
+        _fake.log_event("worker_sleep", level=level, freed_bytes=freed_bytes, used_bytes=used_bytes,
+                        pool_bytes=allocator.get_current_usage())
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        allocator = self._allocator()
+        allocator.wake_up(tags)
+        if len(self._sleep_saved_buffers):
+            model = self.model_runner.model
+            for name, buffer in model.named_buffers():
+                if name in self._sleep_saved_buffers:
+                    buffer.data.copy_(self._sleep_saved_buffers[name].data)
+            self._sleep_saved_buffers = {}
+        r = self.model_runner
+        _fake.log_event("worker_wake_up", tags=tags, weights_fp=r.weights_fp(),
+                        is_checkpoint=r.weights_fp() == r.checkpoint_fp,
+                        free_bytes=self._mem_get_info()[0])
+
+    def reload_weights(self, *args, **kwargs) -> None:
+        self.model_runner.reload_weights(*args, **kwargs)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.model_runner.reset_prefix_cache()
+
+    def add_lora(self, lora_request) -> bool:
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return True
+
+    def list_loras(self) -> set[int]:
+        return set()
