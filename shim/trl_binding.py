@@ -27,40 +27,47 @@ def generation_colocate_sleep(gen) -> bool:
     return getattr(gen, "mode", None) == "colocate" and bool(getattr(gen, "enable_sleep_mode", False))
 
 
-def _applies(predicate, obj) -> bool:
-    from shim import guarded_llm
+def gold_colocate_sleep(trainer) -> bool:
+    """GOLD 0.25-0.29: ``use_vllm``, ``vllm_mode``, ``vllm_enable_sleep_mode`` on the trainer."""
+    return (bool(getattr(trainer, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
+            and bool(getattr(trainer, "vllm_enable_sleep_mode", False)))
 
-    return predicate(obj) and getattr(obj, "llm", None) is not None and not guarded_llm.owned_by_swift(obj)
 
+class _Site:
+    """Where one class keeps its engine and how it pushes: guards ``obj.<llm_attr>``."""
 
-def _push_wrapper(push_name, predicate):
-    def wrapper(wrapped, instance, args, kwargs):
-        if not _applies(predicate, instance):
+    def __init__(self, push_name, predicate, llm_attr):
+        self.push_name, self.predicate, self.llm_attr = push_name, predicate, llm_attr
+
+    def guarded(self, obj):
+        """The guarded engine of ``obj``, installed on first use; None where the patch does not act."""
+        from shim import guarded_llm
+
+        llm = getattr(obj, self.llm_attr, None)
+        if llm is None or not self.predicate(obj) or guarded_llm.owned_by_swift(obj):
+            return None
+        llm = guarded_llm.guard(llm, push=getattr(obj, self.push_name))
+        setattr(obj, self.llm_attr, llm)
+        return llm
+
+    def push(self, wrapped, instance, args, kwargs):
+        llm = self.guarded(instance)
+        if llm is None:
             return wrapped(*args, **kwargs)
         from shim import guarded_llm
 
-        instance.llm = guarded_llm.guard(instance.llm, push=getattr(instance, push_name))
-        instance.llm.wake_up(tags=["weights"])  # never write into unmapped memory
+        llm.wake_up(tags=["weights"])  # never write into unmapped memory
         result = wrapped(*args, **kwargs)
-        guarded_llm.after_push(instance.llm)
+        guarded_llm.after_push(llm)
         return result
 
-    return wrapper
-
-
-def _generate_wrapper(push_name, predicate):
-    def wrapper(wrapped, instance, args, kwargs):
-        if _applies(predicate, instance):
-            from shim import guarded_llm
-
-            instance.llm = guarded_llm.guard(instance.llm, push=getattr(instance, push_name))
+    def generate(self, wrapped, instance, args, kwargs):
+        self.guarded(instance)
         return wrapped(*args, **kwargs)
-
-    return wrapper
 
 
 def binding(class_name: str, generate_name: str, push_name: str = "_move_model_to_vllm",
-            predicate=trainer_colocate_sleep):
+            predicate=trainer_colocate_sleep, llm_attr: str = "llm"):
     """(probe, apply) for a Patch on ``class_name`` in its module."""
 
     def probe(module):
@@ -71,7 +78,8 @@ def binding(class_name: str, generate_name: str, push_name: str = "_move_model_t
 
     def apply(module, patcher):
         cls = getattr(module, class_name)
-        patcher.wrap(cls, push_name, _push_wrapper(push_name, predicate))
-        patcher.wrap(cls, generate_name, _generate_wrapper(push_name, predicate))
+        site = _Site(push_name, predicate, llm_attr)
+        patcher.wrap(cls, push_name, site.push)
+        patcher.wrap(cls, generate_name, site.generate)
 
     return probe, apply

@@ -127,3 +127,12 @@ def test_npu_0_28_push_into_sleeping_engine_crashes_without_shim():
     with pytest.raises(AssertionError, match="The DDR address of the MTE instruction is out of range"):
         run("0.28.0", device="npu")
     assert_invariant(run("0.28.0", shim="before", device="npu"))
+
+
+@pytest.mark.parametrize("version", ["0.27.2", "0.29.1"])
+def test_gold_generates_with_weights_asleep_without_shim(version):
+    """GOLD 0.25-0.29 wakes only kv_cache before generating: the first on-policy generate reads
+    unmapped weights. With the shim the weights are woken and pushed first."""
+    with pytest.raises(AssertionError, match="an illegal memory access was encountered"):
+        run(version, "gold")
+    assert_invariant(run(version, "gold", shim="before"))

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/ for tiny
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("--trainer", choices=("grpo", "rloo", "online_dpo"), default="grpo")
+    p.add_argument("--trainer", choices=("grpo", "rloo", "online_dpo", "gold"), default="grpo")
     p.add_argument("--shim", choices=("before", "after", "off"), default="off")
     p.add_argument("--sleep", choices=("on", "off"), default="on")
     p.add_argument("--steps", type=int, default=3)
@@ -59,7 +59,8 @@ def main():
     from vllm.entrypoints.llm import LLM
 
     module = {"grpo": "trl.trainer.grpo_trainer", "rloo": "trl.trainer.rloo_trainer",
-              "online_dpo": "trl.experimental.online_dpo.online_dpo_trainer"}[a.trainer]
+              "online_dpo": "trl.experimental.online_dpo.online_dpo_trainer",
+              "gold": "trl.experimental.gold.gold_trainer"}[a.trainer]
     mod = __import__(module, fromlist=["x"])
     if a.shim == "after":
         import shim.auto  # noqa: F401,F811
@@ -70,6 +71,9 @@ def main():
     texts = ["the cat is", "one plus two equals", "the sky is", "hello world", "red blue green", "big dog"] * 8
     if a.trainer == "rloo":  # RLOO 0.26 handles plain-text prompts as messages: use conversational ones
         ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in texts]})
+    elif a.trainer == "gold":  # SFT-style conversations; lmbda=1: every step generates on-policy
+        ds = Dataset.from_dict({"messages": [[{"role": "user", "content": t}, {"role": "assistant", "content": "yes"}]
+                                             for t in texts]})
     else:
         ds = Dataset.from_dict({"prompt": texts})
 
@@ -82,7 +86,13 @@ def main():
                   vllm_gpu_memory_utilization=0.3, use_cpu=True, save_strategy="no", bf16=False, seed=0,
                   gradient_accumulation_steps=a.ga)
     trainer_box = {}
-    if a.trainer == "online_dpo":
+    if a.trainer == "gold":
+        cfg = mod.GOLDConfig(per_device_train_batch_size=2, max_completion_length=8, teacher_model_name_or_path=model_dir,
+                             lmbda=1.0, **common)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        trainer = mod.GOLDTrainer(model=model_dir, teacher_model=model_dir, args=cfg, train_dataset=ds,
+                                  processing_class=tok)
+    elif a.trainer == "online_dpo":
         cfg = mod.OnlineDPOConfig(per_device_train_batch_size=2, max_new_tokens=8, **common)
         tok = AutoTokenizer.from_pretrained(model_dir)
         trainer = mod.OnlineDPOTrainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds,

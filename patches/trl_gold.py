@@ -1,0 +1,34 @@
+"""TRL GOLD (0.25-0.29) generates with its vLLM weights asleep after a level-2 sleep.
+
+Upstream: huggingface/trl, no issue filed (found by reading the code; the test runs it); GOLD moved to
+          VLLMGeneration in 1.0.0 (then covered by trl-stale-weights up to 1.9.2)
+Affects:  trl >=0.25.0,<1.0.0 experimental GOLDTrainer with vllm_mode="colocate", vllm_enable_sleep_mode=True
+Remove:   when the shim's minimum supported trl is >=1.0.0
+
+GOLD keeps its own ``self.vllm_engine``, sleeps it at level 2 after init and
+after every generation, and before generating wakes only the ``kv_cache``
+tag; the weights are woken (and pushed) only by the step-end sync callback.
+An on-policy generation before the first sync, or between syncs
+(gradient accumulation, ``vllm_sync_frequency > 1``), runs with the weights
+unmapped: an illegal memory access on CUDA. Bound through
+``shim.trl_binding``: the trainer's ``_move_model_to_vllm`` runs (weights woken
+first) before every generate whose weights are asleep or discarded, and its
+``reload_weights`` from disk is skipped (the push follows right after it).
+"""
+from shim.patching import Patch
+from shim.trl_binding import binding, gold_colocate_sleep
+
+_probe, _apply = binding("GOLDTrainer", "_generate_on_policy_outputs_vllm", predicate=gold_colocate_sleep,
+                         llm_attr="vllm_engine")
+
+PATCH = Patch(
+    id="trl-gold-weights-asleep",
+    issue="trl GOLD weights asleep",
+    distribution="trl",
+    affected=">=0.25.0,<1.0.0",
+    module="trl.experimental.gold.gold_trainer",
+    apply=_apply,
+    probe=_probe,
+    summary="GOLDTrainer: weights woken and pushed before every generate after a level-2 sleep",
+    verified="CPU: real TRL 0.29.1 GOLDTrainer on the vLLM stand-in (crash without the shim, asserted)",
+)
