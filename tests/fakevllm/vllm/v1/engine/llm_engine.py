@@ -85,10 +85,41 @@ class LLMEngine:
         return self.model_executor.collective_rpc(method, timeout, args, kwargs)
 
     def get_num_unfinished_requests(self) -> int:
-        return 0
+        return len(self.__dict__.get("_pending", ()))
 
     def has_unfinished_requests(self) -> bool:
-        return False
+        return bool(self.__dict__.get("_pending"))
+
+    # -- request API used by ms-swift's VllmEngine (vllm/v1/engine/llm_engine.py add_request/step) ----
+    def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, **kwargs):
+        """Queue one request; ``step()`` runs every queued request to completion (vLLM runs them
+        over many steps; ms-swift loops ``step()`` until ``has_unfinished_requests()`` is False)."""
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt)}
+        self.__dict__.setdefault("_pending", []).append((str(request_id), prompt, params, lora_request))
+
+    def step(self):
+        pending = self.__dict__.pop("_pending", [])
+        if not pending:
+            return []
+        outputs = self.run_requests([p for _, p, _, _ in pending], [s for _, _, s, _ in pending],
+                                    [lr for *_, lr in pending])
+        for (request_id, *_), out in zip(pending, outputs):
+            out.request_id = request_id
+        return outputs
+
+    def reset_mm_cache(self) -> None:
+        return None
+
+    def reset_encoder_cache(self) -> None:
+        return None
+
+    def add_lora(self, lora_request) -> bool:
+        self.__dict__.setdefault("_loras", {})[lora_request.lora_int_id] = lora_request
+        return True
+
+    def list_loras(self) -> set:
+        return set(self.__dict__.get("_loras", {}))
 
     def abort_request(self, request_ids, internal: bool = False) -> None:
         return None

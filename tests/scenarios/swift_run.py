@@ -1,0 +1,151 @@
+"""ms-swift's real colocate rollout code on the vLLM stand-in; prints a JSON summary as its last line.
+
+    python tests/scenarios/swift_run.py --model DIR [--shim] [--level 1|2] [--cycles 2] [--steps 2]
+
+Run with an ms-swift venv's python and tests/fakevllm (or a make_site dir) plus
+the repository on PYTHONPATH (``tests.swift_support.run_swift``). Drives the
+REAL ``RolloutTrainerMixin``: ``_prepare_rollout_params`` and ``_prepare_vllm``
+(engine build through ``_prepare_vllm_engine`` + the first sleep), then
+``--steps`` training steps of ``--cycles`` ``_fast_infer`` calls each (several
+rollouts in one step: GKD per micro-batch, GRPO dynamic sampling), with the
+trainer's weights changed between steps (an optimizer step). The trainer model,
+template and arguments are ms-swift's own (``get_model_tokenizer``,
+``get_template``, ``GRPOConfig``).
+
+Observation (test-side, on the stand-in): at every real generate the engine's
+weights are compared with the trainer model's parameters; each sleep's freed
+bytes are read from the fake device's ``mem_get_info``.
+
+Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
+CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
+device the stand-in simulates (``torch.cuda`` / ``torch.npu``).
+"""
+import argparse
+import importlib
+import json
+import os
+import sys
+
+import torch
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--shim", action="store_true")
+    p.add_argument("--level", type=int, default=2)
+    p.add_argument("--cycles", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2)
+    return p.parse_args()
+
+
+def main():
+    a = parse()
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", os.environ.get("MASTER_PORT", "29561"))):
+        os.environ.setdefault(k, v)
+    if a.shim:
+        import shim.auto  # noqa: F401
+    import vllm
+    from vllm._fake import EVENTS, fingerprint
+    from vllm.platforms import current_platform
+    from accelerate import Accelerator
+    import swift
+    try:
+        from swift.trainers import GRPOConfig
+        from swift.trainers.rlhf_trainer.rollout_mixin import RolloutTrainerMixin
+        utils_modules = ("swift.trainers.rlhf_trainer.utils",)
+    except ImportError:
+        from swift.rlhf_trainers import GRPOConfig
+        from swift.rlhf_trainers.rollout_mixin import RolloutTrainerMixin
+        utils_modules = ("swift.rlhf_trainers.utils",)
+    device = getattr(torch, current_platform.device_type)
+    for name in utils_modules:
+        module = importlib.import_module(name)
+        if hasattr(module, "get_torch_device"):
+            module.get_torch_device = lambda: device
+
+    args = GRPOConfig(output_dir=os.path.join(a.out, "run"), use_vllm=True, vllm_mode="colocate",
+                      sleep_level=a.level, use_cpu=True, per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=6, vllm_gpu_memory_utilization=0.3, vllm_max_model_len=128,
+                      report_to="none")
+    try:  # 3.10.x
+        from swift.llm import get_model_tokenizer, get_template
+        model, tok = get_model_tokenizer(a.model, torch.float32, model_type="qwen2")
+        template = get_template(model.model_meta.template, tok)
+    except ImportError:  # 4.x
+        from swift import get_model_processor, get_template
+        model, tok = get_model_processor(a.model, torch_dtype=torch.float32, model_type="qwen2")
+        template = get_template(tok, template_type="qwen")
+
+    class Trainer(RolloutTrainerMixin):
+        pass
+
+    t = Trainer.__new__(Trainer)
+    t.args, t.model, t.template, t.processing_class = args, model, template, tok
+    t.accelerator = Accelerator(cpu=True)
+    t.state = type("State", (), {"global_step": 0})()
+    t.is_multimodal = False
+    t.multi_turn_scheduler = None
+    t._is_fsdp2 = False  # 4.x: set by the trainer when it prepares FSDP2
+    t._prepare_rollout_params()
+
+    free = lambda: device.mem_get_info()[0]  # noqa: E731
+    sleeps = []
+    engine_cls = vllm.LLMEngine
+    original_sleep = engine_cls.sleep
+
+    def observed_sleep(self, *args_, **kwargs):
+        before = free()
+        result = original_sleep(self, *args_, **kwargs)
+        sleeps.append(free() - before)
+        return result
+
+    engine_cls.sleep = observed_sleep
+    t._prepare_vllm()
+    if not hasattr(t, "parameter_groups"):  # 4.x: prepare_rollout() splits after _prepare_vllm()
+        t.parameter_groups, t.parameter_groups_no_lora = t.split_batches()
+
+    runner = t.engine.inner_model_executor.driver_worker.model_runner
+    generates = []
+    original_run = engine_cls.run_requests
+
+    def observed_run(self, *args_, **kwargs):
+        trainer_fp = fingerprint(t.model.named_parameters())
+        generates.append({"step": t.state.global_step, "engine": runner.weights_fp(), "trainer": trainer_fp,
+                          "origin": runner.weights_origin})
+        return original_run(self, *args_, **kwargs)
+
+    engine_cls.run_requests = observed_run
+    messages = [{"role": "user", "content": "hello world"}]
+    try:  # 4.x rollouts take OnPolicySample objects
+        from swift.rl_core.data import OnPolicySample
+
+        make_inputs = lambda: [OnPolicySample(messages=[dict(m) for m in messages]) for _ in range(2)]  # noqa: E731
+    except ImportError:
+        make_inputs = lambda: [{"messages": [dict(m) for m in messages]} for _ in range(2)]  # noqa: E731
+    for step in range(a.steps):
+        if step:
+            with torch.no_grad():  # an optimizer step changes the trained weights
+                for p in t.model.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+            t.state.global_step = step
+        for _ in range(a.cycles):
+            t._fast_infer(make_inputs())
+
+    from shim import patching
+
+    tracked = runner.weights_alloc.nbytes if hasattr(runner.weights_alloc, "nbytes") else None
+    print(json.dumps({
+        "swift": swift.__version__, "vllm": vllm.__version__, "generates": generates,
+        "mismatches": sum(1 for g in generates if g["engine"] != g["trainer"]),
+        "garbage": sum(1 for g in generates if g["origin"] == "garbage"),
+        "sleeps_freed": sleeps, "weights_bytes": tracked,
+        "decisions": {k: d.text() for k, d in patching.decisions().items()},
+        "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
+    }))
+
+
+if __name__ == "__main__":
+    main()
