@@ -1,0 +1,49 @@
+"""Run ``tests/scenarios/swift_run.py`` with one ms-swift release (its own venv) on the vLLM stand-in."""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import tempfile
+
+from tests.helpers import REPO, clean_env, last_json
+from tests.swift_envs import swift_python
+from tests.trl_support import fake_site
+
+SCENARIO = REPO / "tests" / "scenarios" / "swift_run.py"
+
+
+def vllm_for(swift_version: str) -> str:
+    """3.10.x pins trl 0.24, which imports GuidedDecodingParams (vLLM < 0.12)."""
+    return "0.10.2" if swift_version.startswith("3.") else "0.24.0"
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model() -> str:
+    from tests.helpers import run_python
+
+    target = REPO / ".envs" / "tiny-model"
+    if not (target / "config.json").exists():
+        tmp = tempfile.mkdtemp(dir=REPO / ".envs", prefix="tiny-model.tmp")
+        run_python(f"import sys; sys.path.insert(0, 'tests'); import tiny; tiny.make_tiny_model({tmp!r})")
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            pass
+    return str(target)
+
+
+def run_swift(version: str, *args: str, env: dict | None = None, check: bool = True) -> dict | subprocess.CompletedProcess:
+    vllm_version = vllm_for(version)
+    out = tempfile.mkdtemp(prefix=f"swift-{version}-")
+    environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                            TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+                            MODELSCOPE_CACHE=os.path.join(out, "ms"), **(env or {}))
+    environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version), str(REPO)])
+    proc = subprocess.run([str(swift_python(version)), str(SCENARIO), "--model", tiny_model(), "--out", out, *args],
+                          env=environment, capture_output=True, text=True, timeout=900, cwd=out)
+    if not check:
+        return proc
+    if proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
+    return last_json(proc)
