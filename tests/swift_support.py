@@ -35,11 +35,14 @@ def tiny_model() -> str:
 
 def run_swift(version: str, *args: str, env: dict | None = None, check: bool = True) -> dict | subprocess.CompletedProcess:
     vllm_version = vllm_for(version)
+    device = (env or {}).get("FAKEVLLM_DEVICE", "cuda")
     out = tempfile.mkdtemp(prefix=f"swift-{version}-")
+    # DS_ACCELERATOR=cpu: deepspeed would pick the (fake) NPU accelerator in NPU mode
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                            DS_ACCELERATOR="cpu",
                             TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
                             MODELSCOPE_CACHE=os.path.join(out, "ms"), **(env or {}))
-    environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version), str(REPO)])
+    environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version, device), str(REPO)])
     proc = subprocess.run([str(swift_python(version)), str(SCENARIO), "--model", tiny_model(), "--out", out, *args],
                           env=environment, capture_output=True, text=True, timeout=900, cwd=out)
     if not check:

@@ -15,17 +15,17 @@ SCENARIO = REPO / "tests" / "scenarios" / "trl_run.py"
 
 
 @functools.lru_cache(maxsize=None)
-def fake_site(vllm_version: str) -> str:
-    """Site dir of the stand-in imitating ``vllm_version`` (the checked-in one is 0.24.0)."""
+def fake_site(vllm_version: str, device: str = "cuda") -> str:
+    """Site dir of the stand-in imitating ``vllm_version`` on ``device`` (the checked-in one: 0.24.0)."""
     if vllm_version == "0.24.0":
         return str(FAKEVLLM)
-    target = REPO / ".envs" / f"fakevllm-{vllm_version}"
+    target = REPO / ".envs" / f"fakevllm-{vllm_version}-{device}"
     if not target.exists():
         spec = importlib.util.spec_from_file_location("fakevllm_make_site", FAKEVLLM / "make_site.py")
         make_site = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(make_site)
         tmp = tempfile.mkdtemp(dir=target.parent, prefix=target.name + ".tmp")
-        make_site.make_site(tmp, version=vllm_version)
+        make_site.make_site(tmp, version=vllm_version, device=device)
         try:
             os.rename(tmp, target)
         except OSError:  # another worker won the race
