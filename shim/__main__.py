@@ -4,6 +4,7 @@
     python -m shim status [--json] [--import]         one row per patch and its decision
     python -m shim doctor                              versions, allocator settings, known bugs
     python -m shim install | uninstall                 always on / off for this environment
+    python -m shim report TRACE... [--plot OUT.png]    per-rank sleep/wake table from SHIM_TRACE files
 
 OPTIONS: --trace PATH (SHIM_TRACE), --disable ID[,ID] (SHIM_DISABLED_PATCHES),
 --strict (SHIM_STRICT=1), --debug (SHIM_DEBUG=1). A command named like a
@@ -16,7 +17,7 @@ import shutil
 import sys
 
 USAGE = __doc__.split("\n\n")[1]
-SUBCOMMANDS = ("status", "doctor", "install", "uninstall")
+SUBCOMMANDS = ("status", "doctor", "install", "uninstall", "report")
 _RUN_OPTIONS = {"--trace": "SHIM_TRACE", "--disable": "SHIM_DISABLED_PATCHES"}
 _RUN_FLAGS = {"--strict": "SHIM_STRICT", "--debug": "SHIM_DEBUG"}
 

@@ -1,4 +1,4 @@
-"""Subcommands of ``python -m shim``: status, doctor, install, uninstall."""
+"""Subcommands of ``python -m shim``: status, doctor, install, uninstall, report."""
 from __future__ import annotations
 
 import importlib
@@ -149,4 +149,44 @@ def uninstall(argv: list) -> int:
             os.remove(path)
             removed.append(path)
     print(f"shim: removed {' and '.join(removed)}" if removed else f"shim: nothing to remove in {site}")
+    return 0
+
+
+def report(argv: list) -> int:
+    """``report TRACE... [--plot OUT.png]``: per-rank table of a SHIM_TRACE recording."""
+    from shim import telemetry
+
+    paths, out = [], None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--plot":
+            if i + 1 >= len(argv):
+                return _fail("report: --plot needs an output path (e.g. --plot memory.png)")
+            out = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("-"):
+            return _fail(f"report: unknown option {a!r} (accepted: --plot OUT.png)")
+        paths.append(a)
+        i += 1
+    if not paths:
+        return _fail("report: give one or more trace files (written with SHIM_TRACE=PATH)")
+    try:
+        records = telemetry.load(paths)
+    except telemetry.TraceError as exc:
+        return _fail(f"report: {exc}", 1)
+    if not records:
+        return _fail(f"report: no events in {', '.join(paths)}", 1)
+    rows = telemetry.per_rank(records)
+    columns = ["rank", "engines", "cycles", "sleeps", "GiB freed/sleep", "min GiB freed", "ineffective",
+               "asleep s", "awake s"]
+    print(_table([{k: str(v) for k, v in r.items()} for r in rows], columns))
+    if out is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return _fail("report: --plot needs matplotlib (pip install matplotlib); the table above is complete", 1)
+        telemetry.plot(records, out)
+        print(f"shim: wrote {out}")
     return 0

@@ -25,7 +25,7 @@ Everything else is forwarded untouched (``isinstance(proxy, LLM)`` holds).
 """
 from __future__ import annotations
 
-from shim import log, memory, sleep_state
+from shim import log, sleep_ops, sleep_state
 
 REPLACE = "replace"
 FALLBACK = "fallback"
@@ -37,20 +37,10 @@ def _proxy_base():
     return getattr(wrapt, "BaseObjectProxy", None) or wrapt.ObjectProxy
 
 
-def asleep_tags(llm) -> set:
-    """Tags vLLM's executor reports asleep (``sleeping_tags``), else the shim's record."""
-    engine = getattr(llm, "llm_engine", None)
-    executor = getattr(engine, "model_executor", None)
-    tags = getattr(executor, "sleeping_tags", None)
-    if isinstance(tags, (set, frozenset, list, tuple)):
-        return set(tags) if getattr(executor, "is_sleeping", bool(tags)) else set()
-    return set(sleep_state.state_for(llm).asleep)
-
-
 def sync_from_engine(llm) -> sleep_state.SleepState:
     """Reconcile the record with the executor (a sleep issued before the proxy existed)."""
     state = sleep_state.state_for(llm)
-    tags = asleep_tags(llm)
+    tags = sleep_ops.asleep_tags(llm)
     if "weights" in tags and not state.weights_asleep:
         # Asleep at an unknown level: treat the contents as discarded (push is always safe).
         state.weights_valid = False
@@ -88,14 +78,9 @@ def guarded_class():
 
         def wake_up(self, tags=None, *args, **kwargs):
             llm = self.__wrapped__
-            requested = list(sleep_state.TAGS if tags is None else tags)
-            asleep = asleep_tags(llm)
-            todo = [t for t in requested if t in asleep]
-            if not todo:
-                return None
-            memory.release_cached()
-            result = llm.wake_up(None if tags is None and set(todo) == asleep else todo, *args, **kwargs)
-            sleep_state.note_wake(llm, todo)
+            # Where the vLLM-level check (shim.vllm_guard) named this engine, it releases the cache itself.
+            release = not sleep_state.state_for(llm).engine
+            result, _, _ = sleep_ops.wake(llm, tags, lambda t: llm.wake_up(t, *args, **kwargs), release=release)
             return result
 
         def sleep(self, level: int = 1, *args, **kwargs):

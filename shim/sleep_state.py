@@ -13,8 +13,19 @@ module records, per engine:
 - ``weights_pushed``: True once the trainer's weights were written after the
   last invalidation (False after a reload from disk, which brings back the
   initial checkpoint, not the trained weights);
-- ``tracked_bytes`` / ``freed_bytes``: what the sleep pool tracked and what the
-  last sleep actually freed (filled in by the vLLM guard).
+- ``tracked_bytes`` / ``freed_bytes``: what the sleep pool tracked before the
+  last sleep and what that sleep actually freed on the device (filled in by
+  the vLLM guard, ``shim.vllm_guard``; ``freed_bytes`` is None until a sleep
+  was measured).
+
+Filled in by the vLLM guard as well (for telemetry and the first-sleep check):
+``engine`` (a short id, ``LLMEngine#1``), ``sleep_mode`` (built with
+``enable_sleep_mode``; None if built before the shim was active),
+``engine_bytes`` (device memory the construction took), ``init_routes`` (the
+expandable-segments routes that were on at construction), ``guarded_init``
+(construction ran inside the allocator guard), ``ineffective`` (count of
+ineffective sleeps), ``reset`` (first-sleep reset: ``""``, ``"pending"``,
+``"recovered"``, ``"unrecoverable"``), ``wakes`` (count).
 
 The key is the engine object, held by weak reference: ``state_for(llm)`` and
 ``state_for(llm.llm_engine)`` are the same state, because ``vllm.LLM`` delegates
@@ -39,6 +50,14 @@ class SleepState:
     tracked_bytes: int = 0
     freed_bytes: Optional[int] = None
     sleeps: int = 0
+    engine: str = ""
+    sleep_mode: Optional[bool] = None
+    engine_bytes: Optional[int] = None
+    init_routes: list = field(default_factory=list)
+    guarded_init: bool = False
+    ineffective: int = 0
+    reset: str = ""
+    wakes: int = 0
 
     @property
     def weights_asleep(self) -> bool:

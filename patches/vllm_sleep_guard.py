@@ -1,0 +1,124 @@
+"""vLLM sleeps that free nothing: allocator guard, verified sleeps, per-tag wake, telemetry.
+
+Upstream: modelscope/ms-swift#6636 (first sleep frees 0.00 GiB on Ascend); pytorch/pytorch#147851
+          (expandable segments bypass a pluggable allocator's MemPool); vLLM reads only
+          PYTORCH_CUDA_ALLOC_CONF up to 0.32.x (0.33 reads every route); vllm-ascend's CaMemAllocator
+          asserts on the PYTORCH_NPU_ALLOC_CONF string and never toggles (every release so far)
+Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <0.33 on torch builds that
+          bypass, and every vllm-ascend on NPU; verification, per-tag wake and telemetry: every release)
+Remove:   guard when the shim's minimum vLLM is >=0.33 and vllm-ascend toggles expandable segments itself;
+          the verification and telemetry have no upstream equivalent
+
+Three records on the concrete modules trainers use:
+
+- ``vllm-sleep-guard`` (``vllm.v1.engine.llm_engine.LLMEngine.__init__`` and
+  ``wake_up``; ``vllm.LLM`` builds and wakes through it, ms-swift calls it
+  directly): while a sleep-mode engine allocates into its pool, expandable
+  segments are off whichever of the four env vars or the live setting turned
+  them on; the user's exact setting is back afterwards (``shim.alloc_guard``).
+- ``vllm-sleep-check`` (``LLMEngine.__init__``, ``sleep``, ``wake_up``) and
+  ``vllm-llm-sleep-check`` (``vllm.entrypoints.llm.LLM``, same methods): every
+  sleep verified against the device, the first-sleep re-check after warm-up,
+  per-tag wake, one telemetry event per construction/sleep/wake
+  (``shim.vllm_guard``, ``shim.telemetry``). Only the outermost of the two acts
+  on a call (``LLM.sleep`` delegates to ``LLMEngine.sleep``), state keyed by the
+  engine.
+
+All three stand down with one line when neither CUDA (``torch.cuda``) nor an
+Ascend NPU (``torch.npu``) is the device.
+"""
+from shim.patching import Patch
+
+
+def _no_device():
+    import importlib
+
+    from shim import memory
+
+    try:
+        importlib.import_module("vllm.platforms")
+    except Exception:
+        pass
+    return None if memory.probe() is not None else "no CUDA or NPU device (torch.cuda / torch.npu): nothing to guard"
+
+
+def _shape(owner, names):
+    missing = [n for n in names if not callable(getattr(owner, n, None))]
+    return f"upstream shape changed ({owner.__name__} lacks {', '.join(missing)})" if missing else None
+
+
+def _probe_engine(module):
+    engine = getattr(module, "LLMEngine", None)
+    if engine is None:
+        return "upstream shape changed (no LLMEngine)"
+    return _shape(engine, ("__init__", "sleep", "wake_up")) or _no_device()
+
+
+def _probe_llm(module):
+    llm = getattr(module, "LLM", None)
+    if llm is None:
+        return "upstream shape changed (no LLM)"
+    return _shape(llm, ("__init__", "sleep", "wake_up")) or _no_device()
+
+
+def _apply_guard(module, patcher):
+    from shim import alloc_guard, memory, vllm_guard
+
+    alloc_guard.track_live_setting(memory.probe(), patcher)
+    patcher.wrap(module.LLMEngine, "__init__", vllm_guard.guard_init)
+    patcher.wrap(module.LLMEngine, "wake_up", vllm_guard.guard_wake)
+    patcher.set(vllm_guard, "GUARD_APPLIED", True)
+
+
+def _apply_check(owner_name):
+    def apply(module, patcher):
+        from shim import vllm_guard
+
+        owner = getattr(module, owner_name)
+        patcher.wrap(owner, "__init__", vllm_guard.check_init)
+        patcher.wrap(owner, "sleep", vllm_guard.check_sleep)
+        patcher.wrap(owner, "wake_up", vllm_guard.check_wake)
+
+    return apply
+
+
+_ISSUE = "modelscope/ms-swift#6636"
+_AFFECTED = ">=0.8.0"
+
+GUARD = Patch(
+    id="vllm-sleep-guard",
+    issue=_ISSUE,
+    distribution="vllm",
+    affected=_AFFECTED,
+    module="vllm.v1.engine.llm_engine",
+    apply=_apply_guard,
+    probe=_probe_engine,
+    summary="expandable segments off (4 env vars + live setting) while a sleep-mode engine is built or woken; "
+            "the user's setting restored exactly afterwards",
+    verified="CPU: vLLM stand-in, NPU and old-torch CUDA bypass modes, every route",
+)
+
+CHECK = Patch(
+    id="vllm-sleep-check",
+    issue=_ISSUE,
+    distribution="vllm",
+    affected=_AFFECTED,
+    module="vllm.v1.engine.llm_engine",
+    apply=_apply_check("LLMEngine"),
+    probe=_probe_engine,
+    summary="every sleep verified (pool-tracked vs device-freed bytes), first-sleep re-check after warm-up, "
+            "per-tag wake, telemetry",
+    verified="CPU: vLLM stand-in (CUDA and NPU modes)",
+)
+
+LLM_CHECK = Patch(
+    id="vllm-llm-sleep-check",
+    issue=_ISSUE,
+    distribution="vllm",
+    affected=_AFFECTED,
+    module="vllm.entrypoints.llm",
+    apply=_apply_check("LLM"),
+    probe=_probe_llm,
+    summary="as vllm-sleep-check, on vllm.LLM (outermost wrapper acts, no double counting)",
+    verified="CPU: vLLM stand-in (CUDA and NPU modes)",
+)
