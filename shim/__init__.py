@@ -21,10 +21,20 @@ def activate() -> bool:
 
     try:
         log.setup(debug=config.debug())
-        return patching.activate()
+        first = not patching._registry.active
+        active = patching.activate()
     except config.ConfigError as exc:
         print(f"[shim] ERROR {exc}; shim not activated", file=sys.stderr)
         return False
+    trace = config.trace_path()
+    if active and first and trace:
+        from shim import telemetry
+
+        try:
+            telemetry.record_activation(trace)
+        except OSError as exc:
+            log.warning(f"cannot write SHIM_TRACE={trace}: {exc}")
+    return active
 
 
 def is_active() -> bool:

@@ -9,6 +9,9 @@ event is also appended to PATH as one JSON line; every record carries ``rank``
 ``O_APPEND`` descriptor, so many ranks can share the file without interleaving
 lines. At exit each rank logs one summary line.
 
+An ``activate`` record (``rank``, ``pid``, ``ppid``, ``argv``) marks every process
+that turned the shim on: launchers, torchrun agents, ranks.
+
 Record keys: ``v`` (schema 1), ``event`` (``init`` | ``sleep`` | ``wake``), ``t``
 (end, epoch seconds), ``seconds``, ``rank``, ``local_rank``, ``pid``,
 ``engine`` (``<Class>#<n>``), ``level`` (sleep), ``tags`` (wake: tags woken),
@@ -65,6 +68,17 @@ def write_trace(path: str, rec: dict) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def record_activation(path: str) -> None:
+    """One ``activate`` record per process that turned the shim on (which ranks and launchers it reached)."""
+    import sys
+
+    rank = os.environ.get("RANK")
+    write_trace(path, {"v": SCHEMA, "event": "activate", "t": time.time(),
+                       "rank": int(rank) if rank and rank.isdigit() else None,
+                       "local_rank": log.local_rank(), "pid": os.getpid(), "ppid": os.getppid(),
+                       "argv": list(sys.argv[:2]) if hasattr(sys, "argv") else []})
 
 
 def emit(event: str, engine: str, seconds: float, **fields) -> dict:
@@ -142,6 +156,8 @@ def load(paths: list) -> list:
                     rec = json.loads(line)
                 except ValueError as exc:
                     raise TraceError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
+                if isinstance(rec, dict) and rec.get("event") == "activate":
+                    continue  # a process that turned the shim on; no engine event
                 if not isinstance(rec, dict) or "event" not in rec or "t" not in rec or "engine" not in rec:
                     raise TraceError(f"{path}:{n}: not a shim trace record (needs event, t, engine)")
                 records.append(rec)

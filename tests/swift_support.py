@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import tempfile
 
@@ -37,9 +38,12 @@ def run_swift(version: str, *args: str, env: dict | None = None, check: bool = T
     vllm_version = vllm_for(version)
     device = (env or {}).get("FAKEVLLM_DEVICE", "cuda")
     out = tempfile.mkdtemp(prefix=f"swift-{version}-")
+    with socket.socket() as sock:  # each run its own rendezvous port (parallel test workers)
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
     # DS_ACCELERATOR=cpu: deepspeed would pick the (fake) NPU accelerator in NPU mode
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-                            DS_ACCELERATOR="cpu",
+                            DS_ACCELERATOR="cpu", MASTER_PORT=port,
                             TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
                             MODELSCOPE_CACHE=os.path.join(out, "ms"), **(env or {}))
     environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version, device), str(REPO)])

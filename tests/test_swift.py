@@ -34,3 +34,98 @@ def test_level1_unchanged(version):
     on = run_swift(version, "--level", "1", "--shim")
     assert off["mismatches"] == 0 and on["mismatches"] == 0
     assert [g["origin"] for g in on["generates"]] == [g["origin"] for g in off["generates"]]
+
+
+EXPANDABLE = "expandable_segments:True"
+FIRST_SLEEP_ROUTES = [
+    ("3.10.0", {"FAKEVLLM_DEVICE": "npu", "PYTORCH_ALLOC_CONF": EXPANDABLE}),  # the seed's setup: Ascend NPU
+    ("3.10.1", {"FAKEVLLM_DEVICE": "cuda", "FAKEVLLM_TORCH": "old", "PYTORCH_ALLOC_CONF": EXPANDABLE}),
+    ("4.6.0", {"FAKEVLLM_DEVICE": "npu", "PYTORCH_ALLOC_CONF": EXPANDABLE}),
+    ("4.6.0", {"FAKEVLLM_DEVICE": "cuda", "FAKEVLLM_TORCH": "old", "PYTORCH_ALLOC_CONF": EXPANDABLE}),
+]
+
+
+@pytest.mark.parametrize("version,env", FIRST_SLEEP_ROUTES, ids=lambda x: x if isinstance(x, str) else x["FAKEVLLM_DEVICE"])
+def test_first_sleep_frees_the_engine_6636(version, env):
+    """#6636: expandable segments on (a route neither vLLM nor ms-swift looks at) -> the engine's memory
+    misses the sleep pool and every sleep, the first included, frees ~0. With the shim: >= 90%."""
+    off = run_swift(version, "--level", "1", env=env)
+    kv_bytes = 0.3 * 80 * 2**30 * 0.9  # the stand-in's KV cache alone (gpu_memory_utilization 0.3 of 80 GiB)
+    assert off["sleeps"][0]["freed"] < 0.01 * kv_bytes, off["sleeps"]
+    on = run_swift(version, "--level", "1", "--shim", env=env)
+    for sleep in on["sleeps"]:
+        assert sleep["freed"] >= 0.9 * sleep["tracked"] and sleep["freed"] >= kv_bytes, on["sleeps"]
+    assert on["mismatches"] == 0
+    assert on["alloc_env"]["PYTORCH_ALLOC_CONF"] == EXPANDABLE  # the user's setting is back for training
+
+
+def test_npu_conf_crashes_vllm_ascend_without_shim():
+    """vllm-ascend's CaMemAllocator asserts on PYTORCH_NPU_ALLOC_CONF; the shim builds the engine with the
+    setting off and puts it back afterwards."""
+    env = {"FAKEVLLM_DEVICE": "npu", "PYTORCH_NPU_ALLOC_CONF": EXPANDABLE}
+    off = run_swift("3.10.0", "--level", "1", env=env, check=False)
+    assert off.returncode != 0 and "expandable_segments" in off.stderr
+    on = run_swift("3.10.0", "--level", "1", "--shim", env=env)
+    assert all(s["freed"] >= 0.9 * s["tracked"] > 0 for s in on["sleeps"])
+    assert on["alloc_env"]["PYTORCH_NPU_ALLOC_CONF"] == EXPANDABLE
+
+
+@pytest.mark.parametrize("user", ["max_split_size_mb:128,expandable_segments:True", "expandable_segments:False"])
+@pytest.mark.parametrize("version", ["3.10.1", "4.6.0"])
+def test_user_allocator_string_survives_rollouts(version, user):
+    """ms-swift's set_expandable_segments rewrites PYTORCH_CUDA_ALLOC_CONF whole: other keys are dropped,
+    and a user's explicit expandable_segments:False is turned ON after the engine is built."""
+    env = {"FAKEVLLM_DEVICE": "cuda", "PYTORCH_CUDA_ALLOC_CONF": user}
+    off = run_swift(version, "--level", "1", "--cuda-available", env=env)
+    assert off["alloc_env"]["PYTORCH_CUDA_ALLOC_CONF"] == EXPANDABLE != user
+    on = run_swift(version, "--level", "1", "--cuda-available", "--shim", env=env)
+    assert on["alloc_env"]["PYTORCH_CUDA_ALLOC_CONF"] == user
+    assert on["mismatches"] == 0
+
+
+def test_npu_no_reload_weights_nothing_escapes():
+    """vllm-ascend before 0.24.0rc1 has no reload_weights: ms-swift 4.6 falls back to load_weights by
+    itself (get_vllm_ascend_reload_runner checks); with the shim too, and the weights stay the trainer's."""
+    for shim in ([], ["--shim"]):
+        result = run_swift("4.6.0", "--level", "2", *shim, env={"FAKEVLLM_DEVICE": "npu"})
+        assert result["mismatches"] == 0 and "reload_weights" not in result["events"]
+
+
+def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
+    """`python -m shim swift rlhf ...` with NPROC_PER_NODE=2: the shim is active in the swift process, the
+    torchrun agent and both ranks, read from each process's own activation record in SHIM_TRACE."""
+    import json
+    import socket
+    import subprocess
+
+    from tests.helpers import REPO, clean_env
+    from tests.swift_envs import swift_python
+    from tests.swift_support import tiny_model
+    from tests.trl_support import fake_site
+
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": t},
+                                                          {"role": "assistant", "content": "yes"}]})
+                                 for t in ("hello world", "the cat is")) + "\n")
+    trace = tmp_path / "trace.jsonl"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    python = swift_python("3.10.1")
+    env = clean_env(SHIM_TRACE=str(trace), NPROC_PER_NODE="2", MASTER_PORT=str(port), FAKEVLLM_VERSION="0.10.2",
+                    DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+                    PYTHONPATH=f"{fake_site('0.10.2')}:{REPO}")
+    # It may stop after start-up (CPU, tiny model): only the activation records are read.
+    subprocess.run([str(python), "-m", "shim", str(python.parent / "swift"), "rlhf", "--rlhf_type", "grpo",
+                    "--model", tiny_model(), "--model_type", "qwen2", "--dataset", str(dataset), "--use_vllm", "true",
+                    "--vllm_mode", "colocate", "--sleep_level", "1", "--max_steps", "1", "--reward_funcs", "format",
+                    "--output_dir", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=600,
+                   cwd=str(tmp_path))
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    activations = [r for r in records if r["event"] == "activate"]
+    by_pid = {r["pid"]: r for r in activations}
+    launcher = [r for r in activations if r["argv"] and r["argv"][0].endswith("/swift")]
+    ranks = sorted(r["rank"] for r in activations if r["argv"] and r["argv"][0].endswith("cli/rlhf.py"))
+    assert len(launcher) == 1 and ranks == [0, 1], activations
+    agents = {by_pid[r["ppid"]]["pid"] for r in activations if r["rank"] is not None and r["ppid"] in by_pid}
+    assert len(agents) == 1 and by_pid[agents.pop()]["ppid"] == launcher[0]["pid"]  # swift -> torchrun -> ranks

@@ -37,6 +37,9 @@ def parse():
     p.add_argument("--level", type=int, default=2)
     p.add_argument("--cycles", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--cuda-available", action="store_true",
+                   help="after set-up, torch.cuda.is_available() answers True (the hardware a CUDA user has), so "
+                        "ms-swift's CUDA-only set_expandable_segments acts")
     return p.parse_args()
 
 
@@ -96,13 +99,22 @@ def main():
     engine_cls = vllm.LLMEngine
     original_sleep = engine_cls.sleep
 
+    def pool_bytes():
+        if current_platform.device_type == "npu":
+            from vllm_ascend.device_allocator.camem import CaMemAllocator as Allocator
+        else:
+            from vllm.device_allocator.cumem import CuMemAllocator as Allocator
+        return Allocator.get_instance().get_current_usage()
+
     def observed_sleep(self, *args_, **kwargs):
-        before = free()
+        before, tracked = free(), pool_bytes()
         result = original_sleep(self, *args_, **kwargs)
-        sleeps.append(free() - before)
+        sleeps.append({"freed": free() - before, "tracked": tracked})
         return result
 
     engine_cls.sleep = observed_sleep
+    if a.cuda_available:
+        torch.cuda.is_available = lambda: True
     t._prepare_vllm()
     if not hasattr(t, "parameter_groups"):  # 4.x: prepare_rollout() splits after _prepare_vllm()
         t.parameter_groups, t.parameter_groups_no_lora = t.split_batches()
@@ -141,7 +153,9 @@ def main():
         "swift": swift.__version__, "vllm": vllm.__version__, "generates": generates,
         "mismatches": sum(1 for g in generates if g["engine"] != g["trainer"]),
         "garbage": sum(1 for g in generates if g["origin"] == "garbage"),
-        "sleeps_freed": sleeps, "weights_bytes": tracked,
+        "sleeps": sleeps, "weights_bytes": tracked,
+        "alloc_env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                                                      "PYTORCH_NPU_ALLOC_CONF")},
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
     }))

@@ -1,0 +1,70 @@
+"""ms-swift's set_expandable_segments is CUDA-only, reads one env var and overwrites it whole.
+
+Upstream: modelscope/ms-swift#6636 (first sleep frees 0.00 GiB on Ascend: the helper never looks at
+          PYTORCH_NPU_ALLOC_CONF); the helper as of 4.6.0 (`swift/rlhf_trainers/utils.py`)
+Affects:  ms-swift >=3.10.0 colocate rollouts with --sleep_level > 0 (every release with the helper)
+Remove:   when ms-swift's helper covers every route and keeps the user's string
+
+``set_expandable_segments(enable)`` (rollout ``utils``) decides once, at
+import, whether to act: only if ``PYTORCH_CUDA_ALLOC_CONF`` contains
+"expandable_segments" -- even ``expandable_segments:False``, which it then
+turns ON after building the engine and after every rollout. It acts only when
+CUDA is available, and sets ``PYTORCH_CUDA_ALLOC_CONF`` to
+``expandable_segments:<enable>``, dropping the user's other keys
+(``max_split_size_mb``, ...). It never looks at ``PYTORCH_NPU_ALLOC_CONF``,
+``PYTORCH_ALLOC_CONF`` or ``PYTORCH_HIP_ALLOC_CONF``. The rollout mixins import
+it BY NAME, and 4.x's ``sleep_vllm_engine`` calls it through ``utils``: the
+shim rebinds the name in the rollout mixin (and, for 4.x, in ``utils``) to
+``shim.alloc_guard``: ``False`` suspends expandable segments on every route
+and the live setting, ``True`` puts back exactly what the user had.
+"""
+import sys
+
+from shim.patching import Patch
+
+
+def set_expandable_segments(enable: bool) -> None:
+    """Device-agnostic stand-in for ms-swift's helper (``shim.alloc_guard``)."""
+    from shim import alloc_guard, memory
+
+    if enable:
+        alloc_guard.resume()
+    else:
+        alloc_guard.suspend(memory.probe())
+
+
+
+def _binder(utils_module):
+    def probe(module):
+        if not callable(getattr(module, "set_expandable_segments", None)):
+            return "upstream shape changed: rollout_mixin.set_expandable_segments not found"
+        return None
+
+    def apply(module, patcher):
+        patcher.set(module, "set_expandable_segments", set_expandable_segments)
+        utils = sys.modules.get(utils_module)
+        if utils is not None and callable(getattr(utils, "set_expandable_segments", None)):
+            patcher.set(utils, "set_expandable_segments", set_expandable_segments)
+
+    return probe, apply
+
+
+def _patch(patch_id, affected, module, utils_module):
+    probe, apply = _binder(utils_module)
+    return Patch(
+        id=patch_id,
+        issue="modelscope/ms-swift#6636",
+        distribution="ms-swift",
+        affected=affected,
+        module=module,
+        apply=apply,
+        probe=probe,
+        summary="rollout set_expandable_segments -> shim allocator guard (every route, NPU too, user's string kept)",
+        verified="CPU: real ms-swift 3.10.1/4.6.0 rollouts on the stand-in",
+    )
+
+
+V3 = _patch("swift-expandable-segments", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
+            "swift.trainers.rlhf_trainer.utils")
+V4 = _patch("swift-expandable-segments-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
+            "swift.rlhf_trainers.utils")

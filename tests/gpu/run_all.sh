@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Everything issue 7 measures, on one GPU machine, in one command (about 8 minutes on an H200).
+#
+#   bash tests/gpu/run_all.sh [OUT_DIR]
+#
+# Expects the offline vLLM bundle (../shared/gpu/README.md): either unpacked in $VK (default /tmp/vk),
+# or its parts + SHA256SUMS in $VKP (default /tmp/vkp), which this script joins, checks and unpacks.
+# TRL wheels trl-1.9.2 / trl-1.10.0 are taken from $VKP (or already installed in /tmp/trl-VERSION).
+# On a machine with vLLM and TRL installed normally, set VK=none and TRL_1_9_2 / TRL_1_10_0 to folders
+# holding those releases (pip install --no-deps --target DIR trl==VERSION).
+#
+# Order on the GPU (imports of all processes overlap; device work is ordered by marker files):
+#   1. bench/gpu_trl_5312.py    5 GRPO runs one by one, tiny model (#5312 with/without shim, TRL 1.10.0)
+#   2. bench/gpu_step_cost.py   3 GRPO runs one by one, wide model (s/step, sleep/wake as TRL drives it)
+#   3. bench/gpu_sleep_memory.py 6 engines one by one, wide model (freed vs pool, routes, graphs, timing)
+#   4. pytest tests/gpu on the results; then examples/trl_grpo_colocate.py if time is left
+# Runs that could not finish before BUDGET_S (default 520 s after start) are skipped and say so.
+# Knobs: PHASES ("trl5312 cost sleep"), COST_ARGS (e.g. "--with-trl-only --with-bug"), RUN_EXAMPLE (1),
+# STEPS_5312 (6), STEPS_COST (8), CYCLES (3 sleep/wake cycles per level), SIZE_WIDE (wide),
+# ALLOW_FAKE=1 with tests/fakevllm on PYTHONPATH and VK=none: a dry run of this script on CPU.
+# OUT_DIR receives: run_all.log, gpu_trl_5312.json, gpu_step_cost.json, gpu_sleep_memory.json,
+# sleep_trace.png, pytest.txt, logs.tar.gz (7 files).
+set -u
+T0=$(date +%s)
+OUT=${1:-${OUT:-/tmp/shim-gpu/out}}
+BUDGET_S=${BUDGET_S:-520}
+export SHIM_GPU_DEADLINE=$((T0 + BUDGET_S))
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+W=${WORK:-/tmp/shim-gpu}
+VK=${VK:-/tmp/vk}
+VKP=${VKP:-/tmp/vkp}
+mkdir -p "$OUT" "$W"
+exec > >(tee -a "$OUT/run_all.log") 2>&1
+el() { echo "[run_all +$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( SHIM_GPU_DEADLINE - $(date +%s) )); }
+
+# ---- 1. vLLM bundle + TRL -------------------------------------------------------------------
+if [ "$VK" != none ]; then
+  if [ ! -f "$VK/site/vllm/__init__.py" ]; then
+    el "unpacking the bundle from $VKP into $VK"
+    mkdir -p "$VK"
+    ( cd "$VKP" && cat bundle.tar.xz.part-* > bundle.tar.xz && sha256sum -c --quiet SHA256SUMS ) \
+      || { el "UNPACK FAILED: parts missing or corrupt in $VKP"; ls -la "$VKP"; exit 1; }
+    if command -v xz >/dev/null; then tar -xJf "$VKP/bundle.tar.xz" -C "$VK"
+    else python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$VKP/bundle.tar.xz" "$VK"; fi \
+      || { el "UNPACK FAILED"; exit 1; }
+    rm -f "$VKP"/bundle.tar.xz "$VKP"/bundle.tar.xz.part-*
+  fi
+  # shellcheck disable=SC1091
+  source "$VK/kit/env.sh" || exit 1
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0} WANDB_DISABLED=true
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+for v in 1.9.2 1.10.0; do
+  var=TRL_${v//./_}
+  dir=${!var:-/tmp/trl-$v}
+  if [ ! -f "$dir/trl/__init__.py" ]; then
+    python3 -m pip install -q --no-deps --no-index --target "$dir" "$VKP/trl-$v-py3-none-any.whl" \
+      || { el "cannot install TRL $v from $VKP"; exit 1; }
+  fi
+  eval "TRLDIR_${v//./_}=$dir"
+done
+TRLARGS=(--trl-path "1.9.2=$TRLDIR_1_9_2" --trl-path "1.10.0=$TRLDIR_1_10_0")
+cd "$REPO" || exit 1
+el "repo $REPO, out $OUT, budget ${BUDGET_S}s"
+reason=$(python3 -c "from tests.gpu import common; print(common.skip_reason() or '')")
+[ -z "$reason" ] || [ "${ALLOW_FAKE:-0}" = 1 ] || { el "cannot run: $reason"; exit 1; }
+STEPS_5312=${STEPS_5312:-6} STEPS_COST=${STEPS_COST:-8} CYCLES=${CYCLES:-3} SIZE_WIDE=${SIZE_WIDE:-wide}
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+if [ -f patches/vllm_sleep_guard.py ]; then el "vLLM guard present: $(python3 -m shim status 2>/dev/null | grep -c vllm) vllm rows"; fi
+
+# ---- 2. models (before any measurement) -----------------------------------------------------
+el "making the models"
+python3 - "$W" "$SIZE_WIDE" <<'EOF' || { el "model build failed"; exit 1; }
+import sys
+from tests.gpu import common
+w, wide = sys.argv[1], sys.argv[2]
+for name, size in (("tiny", "tiny"), ("wide", wide)):
+    path = common.make_model(f"{w}/{name}", size)
+    print(name, path, common.model_info(path)["params"], "parameters")
+EOF
+
+# ---- 3. the benchmarks, chained (PHASES picks some: trl5312 cost sleep) ------------------------
+PHASES=" ${PHASES:-trl5312 cost sleep} "
+rm -f "$W"/A.done "$W"/B.done "$W"/M.done
+el "launching:${PHASES}(in that order on the GPU)"
+PIDS=()
+if [[ $PHASES == *" trl5312 "* ]]; then
+  python3 bench/gpu_trl_5312.py "${TRLARGS[@]}" --model "$W/tiny" --workdir "$W/trl5312" --steps "$STEPS_5312" \
+    --out "$OUT/gpu_trl_5312.json" --done "$W/A.done" > "$W/bench_trl5312.txt" 2>&1 &
+  PIDS+=($!)
+else touch "$W/A.done"; fi
+if [[ $PHASES == *" cost "* ]]; then
+  # shellcheck disable=SC2086
+  python3 bench/gpu_step_cost.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/cost" --after "$W/A.done" \
+    --steps "$STEPS_COST" ${COST_ARGS:-} --out "$OUT/gpu_step_cost.json" --plot "$OUT/sleep_trace.png" \
+    --done "$W/B.done" > "$W/bench_cost.txt" 2>&1 &
+  PIDS+=($!)
+else touch "$W/B.done"; fi
+if [[ $PHASES == *" sleep "* ]]; then
+  python3 bench/gpu_sleep_memory.py --model "$W/wide" --workdir "$W/sleep" --after "$W/B.done" --cycles "$CYCLES" \
+    --out "$OUT/gpu_sleep_memory.json" --done "$W/M.done" > "$W/bench_sleep.txt" 2>&1 &
+  PIDS+=($!)
+fi
+# watchdog: nothing may run past the budget + 35 s (the device call's limit is 600 s). Its output goes to the
+# log file, not to this script's stdout, so that a sleeping watchdog never keeps the caller's pipe open.
+( sleep $(( $(left) + 35 )); echo "[run_all] WATCHDOG: killing what is left" >> "$OUT/run_all.log"
+  for p in "${PIDS[@]}"; do pkill -P "$p"; kill "$p"; done ) > /dev/null 2>&1 &
+WD=$!
+for p in "${PIDS[@]}"; do wait "$p"; done
+pkill -P "$WD" 2>/dev/null; kill "$WD" 2>/dev/null
+for f in bench_trl5312 bench_cost bench_sleep; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
+
+# ---- 4. tests on the results, example, logs --------------------------------------------------
+el "pytest tests/gpu on the results"
+SHIM_GPU_RESULTS="$OUT" python3 -m pytest -q -rA -p no:cacheprovider tests/gpu > "$OUT/pytest.txt" 2>&1
+el "pytest exit $?: $(tail -1 "$OUT/pytest.txt")"
+grep -E "^(PASSED|FAILED|SKIPPED|ERROR)" "$OUT/pytest.txt" | cut -c1-220
+if [ "${RUN_EXAMPLE:-1}" = 1 ] && [ "$(left)" -gt 75 ]; then
+  el "examples/trl_grpo_colocate.py (TRL 1.9.2)"
+  timeout $(( $(left) + 20 )) python3 examples/trl_grpo_colocate.py --trl-path "$TRLDIR_1_9_2" --model "$W/tiny" \
+    --workdir "$W/example" --steps "$STEPS_5312" ${ALLOW_FAKE:+--pythonpath "$PYTHONPATH"} 2>&1 | grep -v -E "^(INFO|WARNING|\[shim)" | tail -20
+else
+  el "examples/trl_grpo_colocate.py skipped: $(left) s left"
+fi
+( cd "$W" && find . -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name 'bench_*.txt' | grep -v -E '/(tiny|wide)/|trainer-' \
+  | tar czf "$OUT/logs.tar.gz" -T - )
+el "done; files in $OUT:"; ls -la "$OUT"
+sleep 1  # let tee write the last lines

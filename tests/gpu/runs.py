@@ -1,0 +1,118 @@
+"""Launch several ``tests/gpu/grpo_run.py`` processes on one GPU and collect their JSON.
+
+Used by ``bench/gpu_trl_5312.py`` (parallel: correctness), ``bench/gpu_step_cost.py``
+(one after the other: timing) and ``examples/trl_grpo_colocate.py``.
+
+Every process is started at once, so the imports of vLLM and TRL (tens of
+seconds) overlap; what each does on the GPU is ordered by marker files
+(``common.Gate``): by default one after the other (the marker of a process is
+written when it has exited). ``parallel=True`` lets all use the GPU together
+(after a barrier once CUDA is up); it is faster but not robust: vLLM's worker
+measures each sleep with the device-wide ``mem_get_info`` and asserts
+``freed_bytes >= 0``, so another process allocating during a sleep of a small
+engine fails the run ("Memory usage increased after sleeping"; seen on the
+H200 with five tiny-model runs at once).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+from tests.gpu import common
+
+
+@dataclass
+class Run:
+    label: str
+    trl: str
+    sleep: str = "on"
+    shim: str = "off"
+    trace: str = ""
+    extra: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in self.label)
+
+
+def trl_paths(specs: list) -> dict:
+    """``["1.9.2=/tmp/trl-1.9.2", ...]`` -> {version: path}; a version without a path is
+    installed into .envs/ by tests.envs (needs the package index)."""
+    out = {}
+    for spec in specs or []:
+        version, _, path = spec.partition("=")
+        out[version] = path
+    return out
+
+
+def trl_path(version: str, paths: dict) -> "str | None":
+    """Folder to put first on PYTHONPATH for ``version`` (None: the TRL installed here)."""
+    if not version:
+        return None
+    if paths.get(version):
+        return paths[version]
+    from tests.envs import trl_path as install
+
+    return str(install(version))
+
+
+def run_all(runs: list, model: str, workdir, *, trl: dict, pythonpath=(), parallel: bool = False, after=(),
+            common_args=(), need_s: float = 90.0, env=None, timeout: float = 900.0, done_marker=None) -> dict:
+    """Run ``runs``; returns {label: result dict} (a result has ``error`` when a run failed).
+
+    ``done_marker`` (a path) is written once every process has exited."""
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    previous = list(after)
+    barrier = f"{workdir / 'barrier'}:start:{len(runs)}" if parallel and len(runs) > 1 else ""
+    for run in runs:
+        out = workdir / f"{run.slug}.json"
+        log = workdir / f"{run.slug}.log"
+        marker = workdir / f"{run.slug}.done"
+        for stale in (out, marker):
+            if stale.exists():
+                stale.unlink()
+        args = ["--model", model, "--out", out, "--label", run.label, "--sleep", run.sleep, "--shim", run.shim,
+                "--need-s", need_s, *common_args, *run.extra]
+        if run.trace:
+            args += ["--trace", run.trace]
+        if barrier:
+            args += ["--barrier", barrier]
+        if previous:
+            args += ["--after", *previous]
+        child_env = {**env_for_runs(), **(env or {}), **run.env, "MASTER_PORT": common.free_port()}  # port per process
+        proc = common.launch(common.GRPO_RUN, args, log, env=child_env,
+                             pythonpath=[p for p in (trl_path(run.trl, trl), *pythonpath) if p])
+        procs.append((run, proc, out, log, marker))
+        if not parallel:
+            previous = [str(marker)]
+    results = {}
+    end = time.time() + timeout
+    for run, proc, out, log, marker in procs:
+        rc = common.finish(proc, marker, timeout=max(end - time.time(), 1))
+        result = common.read_json(out) or {}
+        result.setdefault("label", run.label)
+        result["rc"] = rc
+        result["log"] = str(log)
+        if rc != 0 or not result.get("metrics") and not result.get("skipped"):
+            result["error"] = f"exit {rc}: " + common.tail(log, 12)
+        results[run.label] = result
+    if done_marker:
+        pathlib.Path(done_marker).touch()
+    return results
+
+
+def mean_after_first(values):
+    xs = [v for v in (values or [])[1:] if isinstance(v, (int, float))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def env_for_runs() -> dict:
+    """Variables every run gets (offline; no W&B)."""
+    return {"WANDB_DISABLED": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}

@@ -1,0 +1,216 @@
+"""Per-version ms-swift virtual environments for the test suite (stdlib only).
+
+``swift_python("3.10.1")`` returns ``<repo>/.envs/swift-3.10.1/bin/python``,
+building that venv first if needed. Run tests in a fresh subprocess with that
+interpreter and ``PYTHONPATH=<repo>`` (the shim under test is the working tree,
+never pip-installed into these venvs).
+
+What goes in (a MINIMAL install, pinned by ``tests/swift-constraints-<series>.txt``):
+
+1. ``torch==2.13.0`` first (the CPU wheel; the constraints pin it too, so no
+   later step can resolve a CUDA build);
+2. ``ms-swift==<ver>`` with ``--no-deps`` (its full dependency set is ~0.5 GB of
+   gradio, tensorboard, nltk, ... that no test touches);
+3. what the tests import: transformers/trl/peft/accelerate/datasets at the
+   versions ms-swift requires, modelscope, pydantic, pillow, einops, json_repair,
+   dacite; ``msgspec`` (every version: the rollout mixin's utils import it) and
+   ``math_verify`` (3.10.x: ``swift.plugin.orm`` asserts it at import);
+   ``deepspeed`` (CPU build, ``DS_BUILD_OPS=0``, ``--no-build-isolation``) for
+   the GKD ZeRO-3 teacher load; ``wrapt`` for the shim.
+
+Enough to import ``swift.trainers.rlhf_trainer.rollout_mixin`` (3.10.x) /
+``swift.rlhf_trainers.rollout_mixin`` (4.x), the GRPO/GKD trainers and
+``SwiftRLHF``. Not vLLM: tests put ``tests/fakevllm`` on PYTHONPATH when they
+need it (3.10.x: use the fake at 0.10.2, TRL 0.24 imports ``GuidedDecodingParams``).
+``pip check`` fails in these venvs (the skipped ms-swift deps): expected.
+
+The venv is built in a temporary directory next to the target, under an
+exclusive file lock, then renamed into place (console-script shebangs are
+rewritten to the final path). An existing venv with its ``.complete`` marker is
+used as is: no network.
+
+Command line::
+
+    python -m tests.swift_envs 3.10.1 4.6.0     # build (if needed), print each python path
+    python -m tests.swift_envs all              # every version in SWIFT_VERSIONS
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS_DIR = REPO_ROOT / "tests"
+ENVS_DIR = REPO_ROOT / ".envs"
+
+SWIFT_VERSIONS: tuple[str, ...] = ("3.10.0", "3.10.1", "4.6.0")
+
+_COMMON = ("accelerate", "modelscope", "pydantic", "pillow", "einops", "json_repair", "dacite",
+           "msgspec", "deepspeed", "wrapt")
+# series -> (constraints file, packages beyond _COMMON). Every version is pinned by the file.
+_SERIES = {
+    "3.10": ("swift-constraints-3.10.x.txt",
+             ("transformers", "trl", "peft", "datasets", "math_verify")),
+    "4.6": ("swift-constraints-4.6.0.txt",
+            ("transformers", "trl", "peft", "datasets")),
+}
+_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+_MARKER = ".complete"
+
+
+class EnvError(Exception):
+    """Bad input or failed install; str() is one line."""
+
+
+def _series(version: str) -> tuple:
+    if not isinstance(version, str) or not _VERSION_RE.match(version.strip()):
+        raise EnvError(f"invalid ms-swift version {version!r} (expected e.g. 3.10.1)")
+    key = ".".join(version.strip().split(".")[:2])
+    if key not in _SERIES:
+        raise EnvError(f"ms-swift {version} has no constraints file (known series: {', '.join(_SERIES)})")
+    return _SERIES[key]
+
+
+def _python(venv: pathlib.Path) -> pathlib.Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _ready(venv: pathlib.Path) -> bool:
+    return (venv / _MARKER).is_file() and _python(venv).exists()
+
+
+class _FileLock:
+    """Exclusive lock on a file (fcntl), with a timeout; builds take minutes."""
+
+    def __init__(self, path: pathlib.Path, timeout: float = 3600.0):
+        self.path, self.timeout, self._fh = path, timeout, None
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a+")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self._fh.close()
+                    raise EnvError(f"timed out waiting for lock {self.path}")
+                time.sleep(0.5)
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+        finally:
+            self._fh.close()
+        return False
+
+
+def _run(cmd: list, what: str, env: dict | None = None) -> None:
+    proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        tail = " | ".join(ln.strip() for ln in lines[-3:]) or f"exit {proc.returncode}"
+        raise EnvError(f"{what} failed: {tail}")
+
+
+def _fix_paths(venv: pathlib.Path, old: str) -> None:
+    """After the rename: point console scripts and activate files at the final path."""
+    bindir = venv / "bin"
+    for f in bindir.iterdir():
+        if f.is_symlink() or not f.is_file():
+            continue
+        try:
+            text = f.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if old in text:
+            f.write_text(text.replace(old, str(venv)))
+
+
+def _build(version: str, dest: pathlib.Path, log=None) -> None:
+    constraints, extra = _series(version)
+    constraints = TESTS_DIR / constraints
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        _run([sys.executable, "-m", "venv", tmp], "python -m venv")
+        py = _python(tmp)
+        pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "--quiet"]
+        steps = [
+            ("torch==2.13.0", [*pip, "torch==2.13.0"]),
+            (f"ms-swift=={version} --no-deps", [*pip, "--no-deps", f"ms-swift=={version}"]),
+            ("dependencies", [*pip, "--no-build-isolation", "-c", constraints, *_COMMON, *extra]),
+        ]
+        env = dict(os.environ, DS_BUILD_OPS="0", PIP_NO_INPUT="1")
+        env.pop("PYTHONPATH", None)
+        for what, cmd in steps:
+            t0 = time.monotonic()
+            _run(cmd, f"[swift {version}] pip install {what}", env=env)
+            if log:
+                log(f"[swift {version}] {what}: {time.monotonic() - t0:.0f} s")
+        (tmp / _MARKER).write_text(f"ms-swift=={version}\n")
+        if dest.exists():  # stale, incomplete venv from an interrupted run
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+        _fix_paths(dest, str(tmp))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swift_env(version: str, log=None) -> pathlib.Path:
+    """Return .envs/swift-<version>, building it first if needed."""
+    _series(version)
+    version = version.strip()
+    dest = ENVS_DIR / f"swift-{version}"
+    if _ready(dest):
+        return dest
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with _FileLock(ENVS_DIR / f".swift-{version}.lock"):
+        if not _ready(dest):
+            _build(version, dest, log=log)
+    return dest
+
+
+def swift_python(version: str) -> pathlib.Path:
+    """Path to the python of the ms-swift <version> test venv (built on first use)."""
+    return _python(swift_env(version))
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or any(a.startswith("-") for a in argv):
+        print("usage: python -m tests.swift_envs VERSION [VERSION ...] | all", file=sys.stderr)
+        return 2
+    versions = list(SWIFT_VERSIONS) if argv == ["all"] else argv
+    try:
+        for v in versions:
+            _series(v)
+        for v in versions:
+            t0 = time.monotonic()
+            python = swift_python(v) if _ready(ENVS_DIR / f"swift-{v}") else _python(
+                swift_env(v, log=lambda m: print(m, file=sys.stderr, flush=True)))
+            print(f"{python}", flush=True)
+            print(f"[swift {v}] ready in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    except EnvError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
