@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from tests.envs import EnvError, _FileLock
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS_DIR = REPO_ROOT / "tests"
 ENVS_DIR = REPO_ROOT / ".envs"
@@ -64,10 +66,6 @@ _VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _MARKER = ".complete"
 
 
-class EnvError(Exception):
-    """Bad input or failed install; str() is one line."""
-
-
 def _series(version: str) -> tuple:
     if not isinstance(version, str) or not _VERSION_RE.match(version.strip()):
         raise EnvError(f"invalid ms-swift version {version!r} (expected e.g. 3.10.1)")
@@ -83,38 +81,6 @@ def _python(venv: pathlib.Path) -> pathlib.Path:
 
 def _ready(venv: pathlib.Path) -> bool:
     return (venv / _MARKER).is_file() and _python(venv).exists()
-
-
-class _FileLock:
-    """Exclusive lock on a file (fcntl), with a timeout; builds take minutes."""
-
-    def __init__(self, path: pathlib.Path, timeout: float = 3600.0):
-        self.path, self.timeout, self._fh = path, timeout, None
-
-    def __enter__(self):
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a+")
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    self._fh.close()
-                    raise EnvError(f"timed out waiting for lock {self.path}")
-                time.sleep(0.5)
-
-    def __exit__(self, *exc):
-        import fcntl
-
-        try:
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
-        finally:
-            self._fh.close()
-        return False
 
 
 def _run(cmd: list, what: str, env: dict | None = None) -> None:
@@ -178,7 +144,7 @@ def swift_env(version: str, log=None) -> pathlib.Path:
     if _ready(dest):
         return dest
     ENVS_DIR.mkdir(parents=True, exist_ok=True)
-    with _FileLock(ENVS_DIR / f".swift-{version}.lock"):
+    with _FileLock(ENVS_DIR / f".swift-{version}.lock", timeout=3600.0):
         if not _ready(dest):
             _build(version, dest, log=log)
     return dest
