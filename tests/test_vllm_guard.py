@@ -244,9 +244,9 @@ def test_per_tag_wake(model_dir):
 # ---------------------------------------------------------------------------
 # telemetry: trace, report, plot
 # ---------------------------------------------------------------------------
-def _shim_cli(*args, check=False):
+def _shim_cli(*args, check=False, path=()):
     env = clean_env()
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(REPO)])
     return subprocess.run([sys.executable, "-m", "shim", *args], capture_output=True, text=True, env=env,
                           cwd=str(REPO))
 
@@ -256,6 +256,9 @@ def test_trace_and_report(model_dir, tmp_path):
     body = "KW = {}\n" + CYCLE
     _, proc = scenario(model_dir, body, shim=True, SHIM_TRACE=str(trace), RANK="0", LOCAL_RANK="0")
     records = [json.loads(line) for line in trace.read_text().splitlines()]
+    activations = [r for r in records if r["event"] == "activate"]
+    assert len(activations) == 1 and activations[0]["rank"] == 0  # this process turned the shim on
+    records = [r for r in records if r["event"] != "activate"]
     assert [r["event"] for r in records] == ["init", "sleep", "wake", "sleep"]
     for r in records:
         assert r["rank"] == 0 and r["engine"] == "LLMEngine#1" and r["pid"] and r["free"] <= r["total"]
@@ -275,16 +278,16 @@ def test_trace_and_report(model_dir, tmp_path):
     assert row0[:4] == ["0", "1", "1", "2"] and row0[6] == "0"
     assert row1[:4] == ["1", "1", "1", "2"] and row1[6] == "1" and row1[5] == "0.00"
     assert float(row0[4]) > 10
-    # --plot: a PNG with matplotlib, one clear line and exit 1 without it
+    # --plot: a PNG with matplotlib (in tests/requirements.txt), one clear line and exit 1 without it
     png = tmp_path / "mem.png"
     plot = _shim_cli("report", str(trace), "--plot", str(png))
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert plot.returncode == 1 and plot.stderr.strip().splitlines() == [
-            "shim: report: --plot needs matplotlib (pip install matplotlib); the table above is complete"]
-    else:
-        assert plot.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot.stderr
+    no_mpl = tmp_path / "no_mpl"
+    no_mpl.mkdir()
+    (no_mpl / "matplotlib.py").write_text("raise ImportError('matplotlib hidden by the test')\n")
+    plot = _shim_cli("report", str(trace), "--plot", str(tmp_path / "none.png"), path=[no_mpl])
+    assert plot.returncode == 1 and plot.stderr.strip().splitlines() == [
+        "shim: report: --plot needs matplotlib (pip install matplotlib); the table above is complete"]
 
 
 def test_report_bad_input(tmp_path):
