@@ -25,7 +25,8 @@ import pytest
 from tests import swift_envs
 
 REPO = Path(__file__).resolve().parent.parent
-VERSIONS = [v for v in os.environ.get("SWIFT_GKD_VERSIONS", "3.10.0,3.10.1,4.6.0").split(",") if v]
+# 3.10.0 differs from 3.10.1 only in the teacher's model_type detection; SWIFT_GKD_VERSIONS adds it (CI time)
+VERSIONS = [v for v in os.environ.get("SWIFT_GKD_VERSIONS", "3.10.1,4.6.0").split(",") if v]
 GB = 10**9
 
 CHILD = r'''
