@@ -76,15 +76,20 @@ def test_run_reaches_every_torchrun_rank(tmp_path):
         "dist.init_process_group('gloo')\n"
         "t = __import__('torch').tensor([1 if shim.is_active() else 0])\n"
         "dist.all_reduce(t)\n"
-        "print(json.dumps({'rank': dist.get_rank(), 'active': shim.is_active(), 'active_ranks': int(t)}))\n"
+        # one file per rank: two ranks printing to one pipe can interleave their lines
+        "open(os.path.join(os.environ['OUT_DIR'], f'rank{dist.get_rank()}.json'), 'w').write(\n"
+        "    json.dumps({'rank': dist.get_rank(), 'active': shim.is_active(), 'active_ranks': int(t)}))\n"
         "dist.destroy_process_group()\n"
     )
+    out_dir = tmp_path / "ranks"
+    out_dir.mkdir()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = shim_run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script)])
+    proc = shim_run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script)],
+                    env=clean_env(OUT_DIR=str(out_dir)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted((json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")), key=lambda r: r["rank"])
+    results = sorted((json.loads(p.read_text()) for p in out_dir.glob("rank*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["active"] and r["active_ranks"] == 2 for r in results)
 
