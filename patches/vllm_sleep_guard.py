@@ -18,7 +18,7 @@ Three records on the concrete modules trainers use:
   them on; the user's exact setting is back afterwards (``shim.alloc_guard``).
 - ``vllm-sleep-check`` (``LLMEngine.__init__``, ``sleep``, ``wake_up``) and
   ``vllm-llm-sleep-check`` (``vllm.entrypoints.llm.LLM``, same methods): every
-  sleep verified against the device, the first-sleep re-check after warm-up,
+  sleep verified against the device, the first-sleep reset after warm-up (re-check, one re-issued sleep),
   per-tag wake, one telemetry event per construction/sleep/wake
   (``shim.vllm_guard``, ``shim.telemetry``). Only the outermost of the two acts
   on a call (``LLM.sleep`` delegates to ``LLMEngine.sleep``), state keyed by the
@@ -106,7 +106,7 @@ CHECK = Patch(
     module="vllm.v1.engine.llm_engine",
     apply=_apply_check("LLMEngine"),
     probe=_probe_engine,
-    summary="every sleep verified (pool-tracked vs device-freed bytes), first-sleep re-check after warm-up, "
+    summary="every sleep verified (pool-tracked vs device-freed bytes), first-sleep reset after warm-up, "
             "per-tag wake, telemetry",
     verified="CPU: vLLM stand-in (CUDA and NPU modes)",
 )

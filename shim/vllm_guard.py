@@ -22,10 +22,13 @@ the numbers, the likely cause and the fix.
 
 First-sleep reset: when the first sleep after construction was ineffective, the
 sleep after the warm-up (the first wake + generate cycle; the trainer issues it)
-is re-checked. Effective: logged as recovered. Still ineffective: the memory
-was allocated outside the pool and no run-time action gives it back (on the
-device the pages belong to PyTorch's caching allocator, not to vLLM's pool);
-one WARNING says so, with the number of GiB; ``SHIM_STRICT=1`` raises.
+is re-checked. Effective: logged as recovered. Ineffective again: the shim
+re-issues it once there (wake every tag with the allocator guard on, gc +
+``empty_cache``, sleep, measure), which frees what was still referenced or
+cached at the first sleep. Still ineffective: the memory was allocated outside
+the pool and no run-time action gives it back (on the device the pages belong to
+PyTorch's caching allocator, not to vLLM's pool); one WARNING says so, with the
+number of GiB; ``SHIM_STRICT=1`` raises.
 
 Sleep while partially awake (e.g. ``wake_up(["weights"])`` then ``sleep()``):
 vLLM's executor ignores it ("Executor is already sleeping") and the woken tag
@@ -297,7 +300,7 @@ def _sleep(engine, wrapped, args, kwargs, level, probe):
     resolving = state.reset == "pending" and bool(state.wakes) and not first
     if not effective:
         state.ineffective += 1
-    if not effective and not resolving:
+    if not effective and not resolving and state.reset != "unrecoverable":  # that WARNING said it for every sleep
         held = "" if state.engine_bytes is None else f", the engine took {telemetry.gib(state.engine_bytes)} GiB"
         later = (" The shim re-checks at the sleep after the warm-up (first wake + generate)."
                  if first and state.sleep_mode else "")
@@ -307,20 +310,47 @@ def _sleep(engine, wrapped, args, kwargs, level, probe):
     if first and not effective and state.sleep_mode:
         state.reset = "pending"
     elif resolving:
-        _reset_outcome(state, name, effective, tracked, freed, cause)
+        reissued = not effective
+        if reissued:
+            effective, tracked, freed, cause = _reissue(engine, state, name, wrapped, args, kwargs, level, probe)
+        _reset_outcome(state, name, effective, tracked, freed, cause, reissued)
     return result
 
 
-def _reset_outcome(state, name, effective, tracked, freed, cause) -> None:
+def _reissue(engine, state, name, wrapped, args, kwargs, level, probe) -> tuple:
+    """The reset's second attempt, once per engine: wake every tag (allocator guard on), give the
+    cached blocks back, sleep again, measure. Frees what a first sleep left mapped or cached
+    (pool memory still referenced then, blocks PyTorch had cached); memory allocated outside the
+    pool stays where it is. Returns ``(effective, tracked, freed, cause)`` of the re-issued sleep."""
+    engine.wake_up()  # through the allocator guard's wrapper when it is on; this wrapper passes through
+    sleep_state.note_wake(engine, None)
+    memory.release_cached()
+    tracked = tracked_bytes(probe)
+    free0, _ = measure(probe)
+    t0 = time.perf_counter()
+    wrapped(*args, **kwargs)
+    seconds = time.perf_counter() - t0
+    free1, total = measure(probe)
+    freed = max(free1 - free0, 0)
+    effective, cause, _ = judge(state, tracked, freed)
+    sleep_state.note_sleep(engine, level)
+    state.tracked_bytes, state.freed_bytes = tracked, freed
+    telemetry.emit("sleep", name, seconds, level=level, tracked=tracked, freed=freed, effective=effective,
+                   asleep=sorted(state.asleep), free=free1, total=total, note="first-sleep reset: re-issued")
+    return effective, tracked, freed, cause
+
+
+def _reset_outcome(state, name, effective, tracked, freed, cause, reissued=False) -> None:
     if effective:
         state.reset = "recovered"
-        log.info(f"first-sleep reset {name}: after the warm-up the sleep freed {telemetry.gib(freed)} GiB of "
+        how = "the re-issued sleep" if reissued else "the sleep"
+        log.info(f"first-sleep reset {name}: after the warm-up {how} freed {telemetry.gib(freed)} GiB of "
                  f"{telemetry.gib(tracked)} GiB tracked; the first sleep's gap is closed")
         return
     state.reset = "unrecoverable"
     outside = None if state.engine_bytes is None else max(state.engine_bytes - tracked, 0)
     amount = "this engine's memory" if outside is None else f"{telemetry.gib(outside)} GiB of this engine's memory"
-    message = (f"first-sleep reset {name}: the sleep after the warm-up is still ineffective (the device got back "
+    message = (f"first-sleep reset {name}: the sleep after the warm-up, re-issued, is still ineffective (the device got back "
                f"{telemetry.gib(freed)} GiB, the pool tracked {telemetry.gib(tracked)} GiB): {amount} was allocated outside "
                f"the sleep pool ({cause}) and cannot be released at run time; every sleep of this engine will "
                f"free ~{telemetry.gib(freed)} GiB. Rebuild the engine with expandable segments off at "

@@ -162,13 +162,16 @@ def test_ineffective_sleep_without_sleep_mode(model_dir):
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict):
-    body = "KW = {}\n" + CYCLE
+def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict, tmp_path):
+    body = "KW = {}\n" + CYCLE + (
+        "R['asleep'] = llm.llm_engine.is_sleeping()\n"
+        "llm.wake_up(); R['tokens2'] = list(gen(llm)); llm.sleep(level=1)\n")
+    trace = tmp_path / "trace.jsonl"
     env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE)
     if not strict:
         off, poff = scenario(model_dir, body, shim=False, **env)
         assert off["freed"] == 0 and off["freed2"] == 0 and "ineffective" not in poff.stderr
-    env.update(SHIM_DISABLED_PATCHES="vllm-sleep-guard")
+    env.update(SHIM_DISABLED_PATCHES="vllm-sleep-guard", SHIM_TRACE=str(trace))
     if strict:
         env["SHIM_STRICT"] = "1"
     on, pon = scenario(model_dir, body, shim=True, check=not strict, **env)
@@ -177,13 +180,20 @@ def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict):
     assert "ineffective sleep LLMEngine#1 level=1: the device got back 0.00 GiB" in first
     assert "expandable segments were on when the engine allocated its memory (PYTORCH_ALLOC_CONF)" in first
     assert "re-checks at the sleep after the warm-up" in first
-    assert "first-sleep reset LLMEngine#1" in warnings[1] and "cannot be released at run time" in warnings[1]
+    assert "first-sleep reset LLMEngine#1: the sleep after the warm-up, re-issued, is still ineffective" in warnings[1]
+    assert "cannot be released at run time" in warnings[1]
     assert "40.00 GiB of this engine's memory was allocated outside the sleep pool" in warnings[1]
     assert len(warnings) == 2
+    # the reset re-issued the sleep once (wake every tag, give cached blocks back, sleep, measure)
+    sleeps = [r for r in map(json.loads, trace.read_text().splitlines()) if r["event"] == "sleep"]
+    notes = [r["note"] for r in sleeps]
+    assert notes.count("first-sleep reset: re-issued") == 1 and notes.index("first-sleep reset: re-issued") == 2
     if strict:
         assert pon.returncode != 0 and "RuntimeError: [shim] first-sleep reset" in pon.stderr
     else:
         assert on["tokens"] == 3 and on["freed2"] == 0
+        assert on["asleep"] is True and len(sleeps) == 4  # the engine is asleep as the trainer left it
+        assert on["tokens2"] == off["tokens2"]  # level 1 after the re-issue: the same weights, the same tokens
 
 
 def test_reset_recovered_branch():
@@ -192,11 +202,13 @@ def test_reset_recovered_branch():
         from shim import log, sleep_state, vllm_guard
         s = sleep_state.SleepState(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1)
         vllm_guard._reset_outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
+        vllm_guard._reset_outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
         print(s.reset)
     """)
     proc = run_python(code)
     assert proc.stdout.strip() == "recovered"
     assert "first-sleep reset LLMEngine#1: after the warm-up the sleep freed 40.00 GiB" in proc.stderr
+    assert "first-sleep reset LLMEngine#2: after the warm-up the re-issued sleep freed 40.00 GiB" in proc.stderr
 
 
 # ---------------------------------------------------------------------------
