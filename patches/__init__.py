@@ -23,6 +23,8 @@ ALL = [
     swift_level2_resync.PATCH,
     swift_expandable_segments.V3,
     swift_expandable_segments.V4,
+    swift_expandable_segments.V4_MEGATRON,
+    swift_expandable_segments.V4_RAY,
     *swift_gkd_teacher_zero3.PATCHES,
     vllm_sleep_guard.GUARD,
     vllm_sleep_guard.CHECK,

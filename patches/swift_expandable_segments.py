@@ -17,6 +17,25 @@ it BY NAME, and 4.x's ``sleep_vllm_engine`` calls it through ``utils``: the
 shim rebinds the name in the rollout mixin (and, for 4.x, in ``utils``) to
 ``shim.alloc_guard``: ``False`` suspends expandable segments on every route
 and the live setting, ``True`` puts back exactly what the user had.
+
+4.x has two more by-name importers of the helper (same shape, same binding):
+
+- ``swift.megatron.trainers.rollout_mixin`` (``MegatronRolloutMixin``, Megatron
+  GRPO/GKD): ``_init_rollout_engine`` brackets the engine build and first sleep
+  with ``(False)``/``(True)``; ``_generate_completions`` calls ``(False)`` before
+  waking the KV cache, and ``utils.sleep_vllm_engine`` ``(True)`` after the
+  sleep. Level 2, read in 4.6.0: ``needs_weight_sync = self._step !=
+  self._last_loaded_step or self.args.sleep_level == 2``, so every rollout after
+  a level-2 sleep wakes the weights and pushes the trained ones before the KV
+  cache wakes, also several rollouts within one step; ``_move_model_to_vllm``
+  forces the full push at level 2 with LoRA too (``base_sync_done`` is not
+  trusted there). Correct: no level-2 patch for the Megatron mixin.
+- ``swift.ray.megatron.rollout.ray_vllm_engine`` (``RayVllmEngine``, the Ray
+  rollout actor): ``wake_up`` calls ``(False)`` before a wake that includes
+  ``kv_cache``, ``sleep`` calls ``(True)`` after the sleep (its first sleep
+  has no ``(False)`` before it: ``alloc_guard.resume`` is then a no-op). It does
+  not bracket the engine build at all; ``vllm-sleep-guard`` covers that, in the
+  actor's process, when the shim reaches it (``python -m shim`` / ``install``).
 """
 import sys
 
@@ -37,7 +56,8 @@ def set_expandable_segments(enable: bool) -> None:
 def _binder(utils_module):
     def probe(module):
         if not callable(getattr(module, "set_expandable_segments", None)):
-            return "upstream shape changed: rollout_mixin.set_expandable_segments not found"
+            name = getattr(module, "__name__", "").rpartition(".")[2] or "rollout_mixin"
+            return f"upstream shape changed: {name}.set_expandable_segments not found"
         return None
 
     def apply(module, patcher):
@@ -68,3 +88,8 @@ V3 = _patch("swift-expandable-segments", ">=3.10.0,<4.0.0", "swift.trainers.rlhf
             "swift.trainers.rlhf_trainer.utils")
 V4 = _patch("swift-expandable-segments-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
             "swift.rlhf_trainers.utils")
+# Megatron (4.x): the same by-name import in the Megatron rollout mixin and the Ray rollout engine.
+V4_MEGATRON = _patch("swift-expandable-segments-megatron", ">=4.0.0", "swift.megatron.trainers.rollout_mixin",
+                     "swift.rlhf_trainers.utils")
+V4_RAY = _patch("swift-expandable-segments-ray", ">=4.0.0", "swift.ray.megatron.rollout.ray_vllm_engine",
+                "swift.rlhf_trainers.utils")

@@ -16,18 +16,23 @@ What goes in (a MINIMAL install, pinned by ``tests/swift-constraints-<series>.tx
    dacite; ``msgspec`` (every version: the rollout mixin's utils import it) and
    ``math_verify`` (3.10.x: ``swift.plugin.orm`` asserts it at import);
    ``deepspeed`` (CPU build, ``DS_BUILD_OPS=0``, ``--no-build-isolation``) for
-   the GKD ZeRO-3 teacher load; ``wrapt`` for the shim.
+   the GKD ZeRO-3 teacher load; ``wrapt`` for the shim; 4.x also ``megatron-core``
+   (a 2.6 MB wheel, no dependencies beyond the venv's) for ``swift.megatron.trainers.rollout_mixin``.
 
 Enough to import ``swift.trainers.rlhf_trainer.rollout_mixin`` (3.10.x) /
 ``swift.rlhf_trainers.rollout_mixin`` (4.x), the GRPO/GKD trainers and
-``SwiftRLHF``. Not vLLM: tests put ``tests/fakevllm`` on PYTHONPATH when they
+``SwiftRLHF``. Not ``mcore-bridge`` (ms-swift's other ``megatron`` extra): it
+hard-imports ``transformer_engine``, which has no CPU build (the Megatron tests
+put a names-only stand-in for it in ``sys.modules``). Not vLLM: tests put ``tests/fakevllm`` on PYTHONPATH when they
 need it (3.10.x: use the fake at 0.10.2, TRL 0.24 imports ``GuidedDecodingParams``).
 ``pip check`` fails in these venvs (the skipped ms-swift deps): expected.
 
 The venv is built in a temporary directory next to the target, under an
 exclusive file lock, then renamed into place (console-script shebangs are
-rewritten to the final path). An existing venv with its ``.complete`` marker is
-used as is: no network.
+rewritten to the final path). An existing venv whose ``.complete`` marker
+lists the current recipe is used as is: no network. A venv built by an older
+recipe of the same release (its marker names fewer ``_ADDED`` packages) gets
+only the missing packages installed in place, then a new marker.
 
 Command line::
 
@@ -60,7 +65,13 @@ _SERIES = {
     "3.10": ("swift-constraints-3.10.x.txt",
              ("transformers", "trl", "peft", "datasets", "math_verify")),
     "4.6": ("swift-constraints-4.6.0.txt",
-            ("transformers", "trl", "peft", "datasets")),
+            ("transformers", "trl", "peft", "datasets", "megatron-core")),
+}
+# series -> packages added after venvs of that series were first built and cached. Each is named in
+# the venv's marker; a cached venv whose marker lacks one gets it installed in place (_upgrade),
+# instead of a rebuild. Append here whenever a series' package list grows.
+_ADDED = {
+    "4.6": ("megatron-core",),  # swift.megatron.trainers.rollout_mixin (tests/test_swift_megatron.py)
 }
 _VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _MARKER = ".complete"
@@ -79,8 +90,49 @@ def _python(venv: pathlib.Path) -> pathlib.Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _ready(venv: pathlib.Path) -> bool:
-    return (venv / _MARKER).is_file() and _python(venv).exists()
+def _marker_text(version: str) -> str:
+    key = ".".join(version.split(".")[:2])
+    return f"ms-swift=={version}\n" + "".join(f"+{pkg}\n" for pkg in _ADDED.get(key, ()))
+
+
+def _marker(venv: pathlib.Path) -> "str | None":
+    try:
+        return (venv / _MARKER).read_text()
+    except OSError:
+        return None
+
+
+def _ready(venv: pathlib.Path, version: str) -> bool:
+    return _marker(venv) == _marker_text(version) and _python(venv).exists()
+
+
+def _upgradable(venv: pathlib.Path, version: str) -> bool:
+    """A complete venv of this release from an older recipe: only _ADDED packages may be missing."""
+    text = _marker(venv)
+    return (text is not None and _python(venv).exists()
+            and text.splitlines()[:1] == [f"ms-swift=={version}"])
+
+
+def _pip_env() -> dict:
+    env = dict(os.environ, DS_BUILD_OPS="0", PIP_NO_INPUT="1")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _upgrade(version: str, venv: pathlib.Path, log=None) -> None:
+    """Install the _ADDED packages into a cached venv of an older recipe (pinned, no deps changed)."""
+    constraints, _ = _series(version)
+    key = ".".join(version.split(".")[:2])
+    have = set(_marker(venv).splitlines()[1:])
+    missing = [pkg for pkg in _ADDED.get(key, ()) if f"+{pkg}" not in have]
+    t0 = time.monotonic()
+    if missing:
+        _run([_python(venv), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "--quiet",
+              "-c", TESTS_DIR / constraints, *missing], f"[swift {version}] pip install {' '.join(missing)}",
+             env=_pip_env())
+    (venv / _MARKER).write_text(_marker_text(version))
+    if log:
+        log(f"[swift {version}] added {', '.join(missing) or 'nothing'}: {time.monotonic() - t0:.0f} s")
 
 
 def _run(cmd: list, what: str, env: dict | None = None) -> None:
@@ -119,14 +171,13 @@ def _build(version: str, dest: pathlib.Path, log=None) -> None:
             (f"ms-swift=={version} --no-deps", [*pip, "--no-deps", f"ms-swift=={version}"]),
             ("dependencies", [*pip, "--no-build-isolation", "-c", constraints, *_COMMON, *extra]),
         ]
-        env = dict(os.environ, DS_BUILD_OPS="0", PIP_NO_INPUT="1")
-        env.pop("PYTHONPATH", None)
+        env = _pip_env()
         for what, cmd in steps:
             t0 = time.monotonic()
             _run(cmd, f"[swift {version}] pip install {what}", env=env)
             if log:
                 log(f"[swift {version}] {what}: {time.monotonic() - t0:.0f} s")
-        (tmp / _MARKER).write_text(f"ms-swift=={version}\n")
+        (tmp / _MARKER).write_text(_marker_text(version))
         if dest.exists():  # stale, incomplete venv from an interrupted run
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -141,11 +192,15 @@ def swift_env(version: str, log=None) -> pathlib.Path:
     _series(version)
     version = version.strip()
     dest = ENVS_DIR / f"swift-{version}"
-    if _ready(dest):
+    if _ready(dest, version):
         return dest
     ENVS_DIR.mkdir(parents=True, exist_ok=True)
     with _FileLock(ENVS_DIR / f".swift-{version}.lock", timeout=3600.0):
-        if not _ready(dest):
+        if _ready(dest, version):
+            pass
+        elif _upgradable(dest, version):
+            _upgrade(version, dest, log=log)
+        else:
             _build(version, dest, log=log)
     return dest
 
@@ -166,7 +221,7 @@ def main(argv: list | None = None) -> int:
             _series(v)
         for v in versions:
             t0 = time.monotonic()
-            python = swift_python(v) if _ready(ENVS_DIR / f"swift-{v}") else _python(
+            python = swift_python(v) if _ready(ENVS_DIR / f"swift-{v}", v) else _python(
                 swift_env(v, log=lambda m: print(m, file=sys.stderr, flush=True)))
             print(f"{python}", flush=True)
             print(f"[swift {v}] ready in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)

@@ -1,0 +1,207 @@
+"""ms-swift 4.x Megatron rollouts (MegatronRolloutMixin) and the Ray rollout engine: set_expandable_segments (#6636).
+
+Both modules import ms-swift's CUDA-only ``set_expandable_segments`` BY NAME from
+``swift.rlhf_trainers.utils`` (patches ``swift-expandable-segments-megatron`` / ``-ray``).
+Each case runs the REAL ms-swift 4.6.0 modules in a fresh interpreter of its venv
+(tests/swift_envs.py, with megatron-core 0.16.1) on the vLLM stand-in; shim off must
+show the bug (asserted), shim on must fix it.
+
+Not real here: ``mcore_bridge``. ms-swift's ``swift.megatron.model`` imports three
+names from it, but mcore-bridge hard-imports NVIDIA Transformer Engine (its patcher,
+LoRA tuners and model modules), which has no CPU build, and with TE absent
+megatron-core leaves ``TEGroupedLinear = None``, which mcore-bridge's import-time
+patcher then writes to. The child puts a names-only module in ``sys.modules``; the
+code under test (engine build, first sleep, the helper calls) never calls it. The
+rollout cycle itself (``_generate_completions``) pushes weights through the bridge and
+is not driven here.
+"""
+import json
+import os
+import socket
+import subprocess
+import tempfile
+
+from tests.helpers import REPO, clean_env, last_json
+from tests.swift_envs import swift_python
+from tests.swift_support import tiny_model
+from tests.trl_support import fake_site
+
+VERSION = "4.6.0"
+MEGATRON = "swift.megatron.trainers.rollout_mixin"
+RAY = "swift.ray.megatron.rollout.ray_vllm_engine"
+EXPANDABLE = "expandable_segments:True"
+USER = "max_split_size_mb:128,expandable_segments:True"
+ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+SHIM_HELPER = "patches.swift_expandable_segments"
+SWIFT_HELPER = "swift.rlhf_trainers.utils"
+
+CHILD = r'''
+import json
+import os
+import sys
+import types
+
+spec = json.loads(sys.argv[1])
+for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    os.environ.setdefault(k, v)
+if spec["shim"]:
+    import shim.auto  # noqa: F401
+
+
+def _mcore_bridge_standin():
+    """The names swift.megatron imports from mcore_bridge; none is called on this path."""
+    mb = types.ModuleType("mcore_bridge")
+    mb.__path__ = []
+    mb.__version__ = "0+cpu-standin"
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("mcore_bridge stand-in: the real one needs transformer_engine")
+
+    for name in ("get_mcore_model", "hf_to_mcore_config", "set_random_seed", "split_cp_inputs", "unwrap_model"):
+        setattr(mb, name, unavailable)
+    for name in ("ModelConfig", "GPTBridge", "LoraParallelLinear"):
+        setattr(mb, name, type(name, (), {}))
+    sys.modules["mcore_bridge"] = mb
+
+
+_mcore_bridge_standin()
+import importlib
+import torch
+
+targets = [importlib.import_module(name) for name in spec["modules"]]
+# vLLM after the targets: in NPU mode the stand-in's torch_npu would make swift.megatron import
+# MindSpeed (Ascend's Megatron adaptor), which this CPU venv lacks; transformers caches that check.
+import vllm  # noqa: E402
+from vllm.platforms import current_platform
+
+from shim import patching
+
+ROUTES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+conf = lambda: {k: os.environ.get(k) for k in ROUTES}  # noqa: E731
+utils = importlib.import_module("swift.rlhf_trainers.utils")
+out = {"decisions": {k: d.text() for k, d in patching.decisions().items() if k.startswith("swift-exp")},
+       "helpers": [t.set_expandable_segments.__module__ for t in targets + [utils]]}
+if spec.get("cuda_available"):
+    torch.cuda.is_available = lambda: True
+if spec["mode"] == "helper":  # the module's own name, as its code calls it
+    for target in targets:
+        target.set_expandable_segments(False)
+        off = conf()
+        target.set_expandable_segments(True)
+        out[target.__name__] = {"off": off, "on": conf()}
+elif spec["mode"] == "init_engine":
+    device = getattr(torch, current_platform.device_type)
+    if hasattr(utils, "get_torch_device"):
+        utils.get_torch_device = lambda: device
+    from swift import get_model_processor, get_template
+    model, tok = get_model_processor(spec["model"], torch_dtype=torch.float32, model_type="qwen2")
+    template = get_template(tok, template_type="qwen")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    args = types.SimpleNamespace(
+        max_completion_length=6, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
+        stop_words=None, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_tensor_parallel_size=1,
+        use_vllm=True, rlhf_type="grpo", lmbda=0.5, offload_model=False, offload_optimizer=False,
+        sleep_level=spec["level"], micro_batch_size=2, vllm_max_num_seqs=None, vllm_engine_kwargs=None,
+        router_replay_mode=None, tuner_type="full", vllm_enable_lora=False, lora_rank=8,
+        model_info=types.SimpleNamespace(model_dir=spec["model"]), torch_dtype=torch.float32,
+        model_type="qwen2", vllm_enable_prefix_caching=False, vllm_enforce_eager=True,
+        vllm_limit_mm_per_prompt=None, vllm_max_model_len=128, vllm_disable_cascade_attn=False,
+        vllm_mm_processor_cache_gb=None)
+    from swift.megatron.trainers.rollout_mixin import MegatronRolloutMixin
+
+    class Trainer(MegatronRolloutMixin):
+        pass
+
+    t = Trainer.__new__(Trainer)
+    t.args, t.template, t.processing_class, t.unwrapped_models = args, template, tok, [model]
+    free = lambda: device.mem_get_info()[0]  # noqa: E731
+    if current_platform.device_type == "npu":
+        from vllm_ascend.device_allocator.camem import CaMemAllocator as Allocator
+    else:
+        from vllm.device_allocator.cumem import CuMemAllocator as Allocator
+    sleeps = []
+    original_sleep = vllm.LLMEngine.sleep
+
+    def observed_sleep(self, *args_, **kwargs):
+        before, tracked = free(), Allocator.get_instance().get_current_usage()
+        result = original_sleep(self, *args_, **kwargs)
+        sleeps.append({"freed": free() - before, "tracked": tracked})
+        return result
+
+    vllm.LLMEngine.sleep = observed_sleep
+    t._init_rollout_engine()
+    out.update(sleeps=sleeps, after=conf())
+print(json.dumps(out))
+'''
+
+
+def run_child(spec: dict, env: dict) -> dict:
+    device = env.get("FAKEVLLM_DEVICE", "cuda")
+    out = tempfile.mkdtemp(prefix="swift-megatron-")
+    with socket.socket() as sock:  # each run its own rendezvous port (parallel test workers)
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    environment = clean_env(FAKEVLLM_VERSION="0.24.0", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                            TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", DS_ACCELERATOR="cpu",
+                            OMP_NUM_THREADS="1", MASTER_PORT=port, MODELSCOPE_CACHE=os.path.join(out, "ms"))
+    for name in ALLOC_VARS:  # only the case's own allocator setting
+        environment.pop(name, None)
+    environment.update(env)
+    environment["PYTHONPATH"] = os.pathsep.join([fake_site("0.24.0", device), str(REPO)])
+    proc = subprocess.run([str(swift_python(VERSION)), "-c", CHILD, json.dumps(spec)], env=environment,
+                          capture_output=True, text=True, timeout=600, cwd=out)
+    if proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
+    return last_json(proc)
+
+
+def test_megatron_helper_keeps_the_users_cuda_string():
+    """ms-swift's helper (CUDA available) rewrites PYTORCH_CUDA_ALLOC_CONF whole: after (False) then (True) only
+    ``expandable_segments:True`` is left, the user's max_split_size_mb is lost. With the shim: the user's string."""
+    env = {"FAKEVLLM_DEVICE": "cuda", "PYTORCH_CUDA_ALLOC_CONF": USER}
+    spec = {"mode": "helper", "modules": [MEGATRON], "cuda_available": True}
+    off = run_child({**spec, "shim": False}, env)
+    assert off["helpers"] == [SWIFT_HELPER, SWIFT_HELPER]
+    assert off[MEGATRON]["off"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    assert off[MEGATRON]["on"]["PYTORCH_CUDA_ALLOC_CONF"] == EXPANDABLE != USER  # the bug: user's keys lost
+    on = run_child({**spec, "shim": True}, env)
+    assert on["decisions"]["swift-expandable-segments-megatron"] == "applied"
+    assert on["helpers"] == [SHIM_HELPER, SHIM_HELPER]  # the mixin's name and utils (sleep_vllm_engine)
+    assert on[MEGATRON]["off"]["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:False"
+    assert on[MEGATRON]["on"]["PYTORCH_CUDA_ALLOC_CONF"] == USER
+
+
+def test_megatron_and_ray_helpers_turn_npu_expandable_segments_off():
+    """Ascend: the helper never looks at PYTORCH_NPU_ALLOC_CONF, so (False) leaves expandable segments on while
+    vllm-ascend fills its pool. With the shim: off during (False), the user's string back at (True)."""
+    env = {"FAKEVLLM_DEVICE": "npu", "PYTORCH_NPU_ALLOC_CONF": EXPANDABLE}
+    spec = {"mode": "helper", "modules": [MEGATRON, RAY]}
+    off = run_child({**spec, "shim": False}, env)
+    assert off["helpers"] == [SWIFT_HELPER] * 3
+    for module in (MEGATRON, RAY):
+        assert off[module]["off"]["PYTORCH_NPU_ALLOC_CONF"] == EXPANDABLE  # the bug: not turned off
+    on = run_child({**spec, "shim": True}, env)
+    assert on["decisions"]["swift-expandable-segments-megatron"] == "applied"
+    assert on["decisions"]["swift-expandable-segments-ray"] == "applied"
+    assert on["helpers"] == [SHIM_HELPER] * 3
+    for module in (MEGATRON, RAY):
+        assert on[module]["off"]["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:False"
+        assert on[module]["on"]["PYTORCH_NPU_ALLOC_CONF"] == EXPANDABLE
+
+
+def test_megatron_first_sleep_frees_the_engine_6636():
+    """The REAL MegatronRolloutMixin._init_rollout_engine (engine build + first sleep, colocate, level 1) on a bare
+    instance, NPU with PYTORCH_ALLOC_CONF: without the shim the engine's memory misses the sleep pool and the first
+    sleep frees ~0. With only this patch (vllm-sleep-guard, which would also catch the build, disabled): >= 90%,
+    and the user's setting is back for training."""
+    env = {"FAKEVLLM_DEVICE": "npu", "PYTORCH_ALLOC_CONF": EXPANDABLE}
+    spec = {"mode": "init_engine", "modules": [MEGATRON], "level": 1, "model": tiny_model()}
+    kv_bytes = 0.3 * 80 * 2**30 * 0.9  # the stand-in's KV cache alone (gpu_memory_utilization 0.3 of 80 GiB)
+    off = run_child({**spec, "shim": False}, env)
+    assert len(off["sleeps"]) == 1 and off["sleeps"][0]["freed"] < 0.01 * kv_bytes, off["sleeps"]
+    on = run_child({**spec, "shim": True}, {**env, "SHIM_DISABLED_PATCHES": "vllm-sleep-guard"})
+    assert on["decisions"]["swift-expandable-segments-megatron"] == "applied"
+    assert len(on["sleeps"]) == 1, on["sleeps"]
+    sleep = on["sleeps"][0]
+    assert sleep["freed"] >= 0.9 * sleep["tracked"] and sleep["freed"] >= kv_bytes, on["sleeps"]
+    assert on["after"]["PYTORCH_ALLOC_CONF"] == EXPANDABLE
