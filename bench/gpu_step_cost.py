@@ -111,25 +111,12 @@ def main(argv=None) -> int:
             "pushes", "engine init s", "status"]
     md = common.fmt_table(rows, cols)
     rep = report(trace, a.plot or os.path.join(a.workdir, "sleep_trace.png"))
-    env = next((r["env"] for r in results.values() if r.get("env")), None) or common.env_info()
-    record = {"what": "seconds per GRPO step and sleep/wake as TRL drives them (issue 7, item 2)", "env": env,
+    record = {"what": "seconds per GRPO step and sleep/wake as TRL drives them (issue 7, item 2)",
               "model": common.model_info(model), "steps": a.steps, "lr": a.lr, "engine_kw": engine_kw,
               "gpu_util": a.gpu_util, "ratios": ratios, "table_md": md, "trace": trace, "report": rep,
               "runs": results}
-    common.write_json(a.out, record)
-    print(md)
-    print()
-    for k, v in ratios.items():
-        print(f"{k:30s} {v if v is None else round(v, 4)}")
-    if rep.get("stdout"):
-        print("\npython -m shim report:\n" + rep["stdout"])
-    elif rep:
-        print(f"\nreport: {rep}")
-    for label, r in results.items():
-        if r.get("error"):
-            print(f"\n[{label}] {r['error']}")
-    print(f"\nwrote {a.out}")
-    return 0
+    extra = ("python -m shim report:\n" + rep["stdout"]) if rep.get("stdout") else (f"report: {rep}" if rep else "")
+    return common.publish(a.out, record, results, md, ratios, extra)
 
 
 if __name__ == "__main__":

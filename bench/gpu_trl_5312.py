@@ -141,20 +141,10 @@ def main(argv=None) -> int:
                                      json.dumps(engine_kw)], need_s=120)
     checks = analyse(results)
     md = table(results, a.steps)
-    env = next((r["env"] for r in results.values() if r.get("env")), None) or common.env_info()
-    record = {"what": "huggingface/trl#5312 on a real GPU (issue 7, item 1)", "env": env,
+    record = {"what": "huggingface/trl#5312 on a real GPU (issue 7, item 1)",
               "model": common.model_info(model), "steps": a.steps, "lr": a.lr, "engine_kw": engine_kw,
               "parallel": a.parallel, "checks": checks, "table_md": md, "runs": results}
-    common.write_json(a.out, record)
-    print(md)
-    print()
-    for k, v in checks.items():
-        print(f"{k:55s} {v}")
-    for label, r in results.items():
-        if r.get("error"):
-            print(f"\n[{label}] {r['error']}")
-    print(f"\nwrote {a.out}")
-    return 0
+    return common.publish(a.out, record, results, md, checks)
 
 
 if __name__ == "__main__":

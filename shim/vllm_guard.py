@@ -15,7 +15,10 @@ Sleep verification (every sleep at level >= 1 of an in-process engine): the
 bytes the sleep allocator tracks (``CuMemAllocator`` / vllm-ascend
 ``CaMemAllocator`` ``instance.get_current_usage()``, read before sleeping,
 never creating the singleton) against the device memory the sleep gave back
-(synchronize, gc, ``empty_cache``, then ``mem_get_info``, before and after).
+(``mem_get_info`` before and after; before: synchronize + ``empty_cache``;
+after: vLLM's sleep has run gc + ``empty_cache`` itself on CUDA, the shim does
+on NPU). Each sleep/wake record carries ``shim_s``, the seconds the shim spent
+around vLLM's call (the telemetry line itself excluded).
 Ineffective: less than half of the tracked bytes came back, or the pool tracks
 about nothing (< 64 MiB) while the engine holds memory. One WARNING line with
 the numbers, the likely cause and the fix.
@@ -84,17 +87,40 @@ def tracked_bytes(probe) -> int:
 
 
 def measure(probe, full_gc: bool = False) -> tuple:
-    """(free, total) after synchronize, gc and empty_cache.
+    """(free, total) after synchronize, gc and empty_cache (engine construction).
 
     The collection is of the young generations unless ``full_gc``: a full one
-    costs ~0.1-0.5 s in a training process, and the sleep itself already runs
-    one (``CuMemAllocator.sleep`` ends with ``gc.collect()`` + ``empty_cache``),
-    so the reading after a sleep needs none and the one before it only the
-    fresh garbage (generate outputs) that the young generations hold.
+    costs ~0.1-0.5 s in a training process.
     """
     probe.synchronize()
     gc.collect(2 if full_gc else 1)
     probe.empty_cache()
+    return probe.mem_get_info()
+
+
+def measure_before_sleep(probe) -> tuple:
+    """(free, total) right before a sleep: synchronize, cached blocks given back, read.
+
+    No gc: garbage that still holds device tensors is collected by the sleep
+    itself (``CuMemAllocator.sleep`` ends with ``gc.collect()`` +
+    ``empty_cache``) and then counts as freed by it, as it does in vLLM's own
+    figure; a young-generation collection here would cost milliseconds per
+    sleep for that sliver.
+    """
+    probe.synchronize()
+    probe.empty_cache()
+    return probe.mem_get_info()
+
+
+def measure_after_sleep(probe) -> tuple:
+    """(free, total) right after a sleep. vLLM's ``CuMemAllocator.sleep`` ends with
+    ``gc.collect()`` + ``torch.cuda.empty_cache()``: on CUDA only the read is left.
+    vllm-ascend's ``CaMemAllocator.sleep`` does neither (vllm-ascend#9563): on NPU
+    the young garbage is collected and the cached blocks given back here."""
+    probe.synchronize()
+    if probe.name != "cuda":
+        gc.collect(1)
+        probe.empty_cache()
     return probe.mem_get_info()
 
 
@@ -264,6 +290,7 @@ def check_sleep(wrapped, instance, args, kwargs):
 
 
 def _sleep(engine, wrapped, args, kwargs, level, probe):
+    entered = time.perf_counter()
     state = sleep_state.state_for(engine)
     name = _name(engine, state)
     if state.sleep_mode is None:
@@ -284,19 +311,21 @@ def _sleep(engine, wrapped, args, kwargs, level, probe):
         sleep_state.note_wake(engine, asleep)
         note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
     tracked = tracked_bytes(probe)
-    free0, _ = measure(probe)
+    free0, _ = measure_before_sleep(probe)
     t0 = time.perf_counter()
     result = wrapped(*args, **kwargs)
-    seconds = time.perf_counter() - t0
-    free1, total = measure(probe)
+    t1 = time.perf_counter()
+    seconds = t1 - t0
+    free1, total = measure_after_sleep(probe)
     freed = max(free1 - free0, 0)
     effective, cause, fix = judge(state, tracked, freed)
     first = state.sleeps == 0
     state.sleeps += 1
     state.tracked_bytes, state.freed_bytes = tracked, freed
     sleep_state.note_sleep(engine, level)
+    shim_s = (t0 - entered) + (time.perf_counter() - t1)
     telemetry.emit("sleep", name, seconds, level=level, tracked=tracked, freed=freed, effective=effective,
-                   asleep=sorted(state.asleep), free=free1, total=total, note=note)
+                   asleep=sorted(state.asleep), free=free1, total=total, note=note, shim_s=shim_s)
     resolving = state.reset == "pending" and bool(state.wakes) and not first
     if not effective:
         state.ineffective += 1
@@ -326,11 +355,11 @@ def _reissue(engine, state, name, wrapped, args, kwargs, level, probe) -> tuple:
     sleep_state.note_wake(engine, None)
     memory.release_cached()
     tracked = tracked_bytes(probe)
-    free0, _ = measure(probe)
+    free0, _ = measure_before_sleep(probe)
     t0 = time.perf_counter()
     wrapped(*args, **kwargs)
     seconds = time.perf_counter() - t0
-    free1, total = measure(probe)
+    free1, total = measure_after_sleep(probe)
     freed = max(free1 - free0, 0)
     effective, cause, _ = judge(state, tracked, freed)
     sleep_state.note_sleep(engine, level)
@@ -397,6 +426,7 @@ def check_wake(wrapped, instance, args, kwargs):
         sleep_state.note_wake(engine, tags)
         return result
     with _owning(engine):
+        entered = time.perf_counter()
         state = sleep_state.state_for(engine)
         name = _name(engine, state)
         do_call, pass_tags, woken = sleep_ops.plan(engine, tags)
@@ -408,14 +438,17 @@ def check_wake(wrapped, instance, args, kwargs):
         free0 = probe.mem_get_info()[0] if probe is not None else None
         t0 = time.perf_counter()
         result = wrapped(pass_tags)
-        seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        seconds = t1 - t0
         sleep_state.note_wake(engine, woken if tags is not None else None)
         if woken:
             state.wakes += 1
         if probe is not None and woken:
             free1, total = probe.mem_get_info()
             note = "" if pass_tags == tags else f"asked {','.join(tags)}: the others were awake"
+            tracked = tracked_bytes(probe)
+            shim_s = (t0 - entered) + (time.perf_counter() - t1)
             telemetry.emit("wake", name, seconds, tags=woken, restored=max(free0 - free1, 0),
-                           tracked=tracked_bytes(probe), asleep=sorted(state.asleep), free=free1, total=total,
-                           note=note)
+                           tracked=tracked, asleep=sorted(state.asleep), free=free1, total=total,
+                           note=note, shim_s=shim_s)
         return result

@@ -277,6 +277,8 @@ def test_trace_and_report(model_dir, tmp_path):
     s = records[1]
     assert s["level"] == 1 and s["effective"] is True and s["freed"] >= 0.9 * s["tracked"] > 10 * GiB
     assert records[2]["tags"] == ["kv_cache", "weights"] and records[2]["restored"] > 10 * GiB
+    # the shim's own seconds around each sleep/wake call (bench/gpu_sleep_memory.py reports their ratio)
+    assert all(0 <= r["shim_s"] < 5 for r in records[1:])
     # a second rank (same records, rank 1, one ineffective sleep)
     other = tmp_path / "rank1.jsonl"
     rank1 = [dict(r, rank=1, pid=r["pid"] + 1) for r in records]

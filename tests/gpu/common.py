@@ -316,6 +316,24 @@ def write_json(path, obj) -> str:
     return str(path)
 
 
+def publish(out, record: dict, results: dict, table_md: str, figures: dict, extra: str = "") -> int:
+    """The end of every ``bench/gpu_*.py`` orchestrator: the record gets the environment of its
+    runs (GPU, driver, versions, date; this process's if no run recorded one), is written to
+    ``out`` as JSON, and printed: the table, ``extra``, one line per figure, each run's error."""
+    env = next((r["env"] for r in results.values() if r.get("env")), None) or env_info()
+    write_json(out, {"what": record.pop("what", ""), "env": env, **record})
+    print(table_md + "\n")
+    for k, v in figures.items():
+        print(f"{k:55s} {round(v, 4) if isinstance(v, float) else v}")
+    if extra:
+        print("\n" + extra)
+    for label, r in results.items():
+        if r.get("error"):
+            print(f"\n[{label}] {r['error']}")
+    print(f"\nwrote {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # environment record
 # ---------------------------------------------------------------------------
