@@ -18,7 +18,9 @@ never creating the singleton) against the device memory the sleep gave back
 (``mem_get_info`` before and after; before: synchronize + ``empty_cache``;
 after: vLLM's sleep has run gc + ``empty_cache`` itself on CUDA, the shim does
 on NPU). Each sleep/wake record carries ``shim_s``, the seconds the shim spent
-around vLLM's call (the telemetry line itself excluded).
+around vLLM's call, from the outermost wrapper's entry, the allocator guard's
+suspend/resume included (the telemetry line itself excluded); ``seconds`` is
+vLLM's call alone.
 Ineffective: less than half of the tracked bytes came back, or the pool tracks
 about nothing (< 64 MiB) while the engine holds memory. One WARNING line with
 the numbers, the likely cause and the fix.
@@ -124,12 +126,31 @@ def measure_after_sleep(probe) -> tuple:
     return probe.mem_get_info()
 
 
+_signatures: dict = {}
+
+
+def _signature(wrapped):
+    """``inspect.signature`` of a callable, cached per underlying function (~0.1 ms a call
+    uncached, on every sleep and wake). Bound methods of one function share a signature."""
+    key = getattr(wrapped, "__func__", wrapped)
+    try:
+        return _signatures[key]
+    except (KeyError, TypeError):
+        pass
+    sig = inspect.signature(wrapped)
+    try:
+        _signatures[key] = sig
+    except TypeError:  # unhashable callable
+        pass
+    return sig
+
+
 def arg(wrapped, args, kwargs, name, default=None):
     """Argument ``name`` of a call, bound by name (signatures change between releases)."""
     if name in kwargs:
         return kwargs[name]
     try:
-        bound = inspect.signature(wrapped).bind_partial(*args, **kwargs)
+        bound = _signature(wrapped).bind_partial(*args, **kwargs)
     except (TypeError, ValueError):
         return default
     if name in bound.arguments:
@@ -225,12 +246,22 @@ def guard_init(wrapped, instance, args, kwargs):
 
 
 def guard_wake(wrapped, instance, args, kwargs):
-    """``wake_up`` of a sleep-mode engine with expandable segments off."""
+    """``wake_up`` of a sleep-mode engine with expandable segments off.
+
+    Its own seconds (suspend + resume) are added to ``_local.guard_s``, which the
+    outer ``check_wake`` counts as the shim's, not vLLM's."""
+    t0 = time.perf_counter()
     probe = memory.probe()
     if probe is None or engine_sleep_mode(sleep_state.engine_of(instance)) is False:
         return wrapped(*args, **kwargs)
-    with alloc_guard.expandable_segments_off(probe):
+    token = alloc_guard.suspend(probe)
+    t1 = time.perf_counter()
+    try:
         return wrapped(*args, **kwargs)
+    finally:
+        t2 = time.perf_counter()
+        alloc_guard.resume(token)
+        _local.guard_s = getattr(_local, "guard_s", 0.0) + (t1 - t0) + (time.perf_counter() - t2)
 
 
 # ---------------------------------------------------------------------------
@@ -276,6 +307,7 @@ def check_init(wrapped, instance, args, kwargs):
 
 
 def check_sleep(wrapped, instance, args, kwargs):
+    entered = time.perf_counter()
     engine = sleep_state.engine_of(instance)
     if id(engine) in _busy():
         return wrapped(*args, **kwargs)
@@ -286,11 +318,10 @@ def check_sleep(wrapped, instance, args, kwargs):
         sleep_state.note_sleep(engine, level if isinstance(level, int) else 1)
         return result
     with _owning(engine):
-        return _sleep(engine, wrapped, args, kwargs, level, probe)
+        return _sleep(engine, wrapped, args, kwargs, level, probe, entered)
 
 
-def _sleep(engine, wrapped, args, kwargs, level, probe):
-    entered = time.perf_counter()
+def _sleep(engine, wrapped, args, kwargs, level, probe, entered):
     state = sleep_state.state_for(engine)
     name = _name(engine, state)
     if state.sleep_mode is None:
@@ -416,6 +447,7 @@ def judge(state, tracked: int, freed: int) -> tuple:
 
 
 def check_wake(wrapped, instance, args, kwargs):
+    entered = time.perf_counter()
     engine = sleep_state.engine_of(instance)
     if id(engine) in _busy():
         return wrapped(*args, **kwargs)
@@ -426,7 +458,6 @@ def check_wake(wrapped, instance, args, kwargs):
         sleep_state.note_wake(engine, tags)
         return result
     with _owning(engine):
-        entered = time.perf_counter()
         state = sleep_state.state_for(engine)
         name = _name(engine, state)
         do_call, pass_tags, woken = sleep_ops.plan(engine, tags)
@@ -436,10 +467,12 @@ def check_wake(wrapped, instance, args, kwargs):
         if woken and not _vllm_releases_before_wake():
             memory.release_cached()
         free0 = probe.mem_get_info()[0] if probe is not None else None
+        _local.guard_s = 0.0
         t0 = time.perf_counter()
         result = wrapped(pass_tags)
         t1 = time.perf_counter()
-        seconds = t1 - t0
+        guard_s, _local.guard_s = _local.guard_s, 0.0  # the allocator guard's own time, inside the call
+        seconds = t1 - t0 - guard_s
         sleep_state.note_wake(engine, woken if tags is not None else None)
         if woken:
             state.wakes += 1
@@ -447,7 +480,7 @@ def check_wake(wrapped, instance, args, kwargs):
             free1, total = probe.mem_get_info()
             note = "" if pass_tags == tags else f"asked {','.join(tags)}: the others were awake"
             tracked = tracked_bytes(probe)
-            shim_s = (t0 - entered) + (time.perf_counter() - t1)
+            shim_s = (t0 - entered) + guard_s + (time.perf_counter() - t1)
             telemetry.emit("wake", name, seconds, tags=woken, restored=max(free0 - free1, 0),
                            tracked=tracked, asleep=sorted(state.asleep), free=free1, total=total,
                            note=note, shim_s=shim_s)
