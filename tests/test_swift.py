@@ -27,7 +27,7 @@ def test_level2_rollouts_use_trained_weights(version):
     assert on["decisions"]["swift-level2-resync"] == expected
 
 
-@pytest.mark.parametrize("version", ["3.10.1", "4.6.0"])
+@pytest.mark.parametrize("version", ["3.10.1"])  # where swift-level2-resync applies (on 4.x it stands down)
 def test_level1_unchanged(version):
     """Level 1 keeps a CPU copy: correct upstream; the shim changes nothing there."""
     off = run_swift(version, "--level", "1")
@@ -70,8 +70,8 @@ def test_npu_conf_crashes_vllm_ascend_without_shim():
     assert on["alloc_env"]["PYTORCH_NPU_ALLOC_CONF"] == EXPANDABLE
 
 
-@pytest.mark.parametrize("user", ["max_split_size_mb:128,expandable_segments:True", "expandable_segments:False"])
-@pytest.mark.parametrize("version", ["3.10.1", "4.6.0"])
+@pytest.mark.parametrize("version,user", [("3.10.1", "max_split_size_mb:128,expandable_segments:True"),
+                                          ("4.6.0", "expandable_segments:False")])  # each shape once (CI time)
 def test_user_allocator_string_survives_rollouts(version, user):
     """ms-swift's set_expandable_segments rewrites PYTORCH_CUDA_ALLOC_CONF whole: other keys are dropped,
     and a user's explicit expandable_segments:False is turned ON after the engine is built."""
