@@ -137,3 +137,23 @@ def test_gold_generates_with_weights_asleep_without_shim(version):
     with pytest.raises(AssertionError, match="an illegal memory access was encountered"):
         run(version, "gold")
     assert_invariant(run(version, "gold", shim="before"))
+
+
+@pytest.mark.parametrize("version", ["0.27.2", "1.0.0"])  # trainer.llm / trainer.vllm_generation.llm
+def test_openenv_rollout_helper_without_shim(version, tmp_path):
+    """TRL's own ``trl.experimental.openenv.utils.generate_rollout_completions`` (0.26-1.8), called from a GRPO
+    ``rollout_func`` as the OpenEnv recipes do. It wakes only the KV cache and runs
+    ``collective_rpc("reload_weights")``: right after the trainer's push that reloads the initial checkpoint from
+    disk (0.27.2); on the second rollout of a step, where GRPO skips its sync, the weights are still asleep from the
+    helper's own ``sleep(level=2)``, so the reload writes into unmapped memory and the generate faults (1.0.0, whose
+    sync wakes the weights only when it runs). With the shim the guarded engine never reloads from disk and pushes
+    the trained weights whenever they are asleep: the trained weights at every generate."""
+    args = ("--trainer", "grpo", "--rollout", "openenv")
+    if version == "0.27.2":
+        off = run_trl(version, tmp_path / "off", *args, "--shim", "off")
+        assert off["reloads"] > 0 and off["from_checkpoint_after_training"] > 0, off["generates"]
+    else:
+        with pytest.raises(AssertionError, match="an illegal memory access was encountered"):
+            run_trl(version, tmp_path / "off", *args, "--shim", "off")
+    on = run_trl(version, tmp_path / "on", *args, "--shim", "before")
+    assert_invariant(on)

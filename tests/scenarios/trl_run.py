@@ -1,7 +1,8 @@
 """One real TRL training run on the vLLM stand-in; prints a JSON summary as its last line.
 
-    python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo --out DIR
+    python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
+        [--rollout default|openenv]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.trl_support.run_trl``). ``--shim before`` imports
@@ -32,6 +33,9 @@ def parse():
     p.add_argument("--ga", type=int, default=2)
     p.add_argument("--spg", type=int, default=1, help="steps_per_generation (GRPO/RLOO)")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--rollout", choices=("default", "openenv"), default="default",
+                   help="openenv: GRPO with a rollout_func that calls TRL's own "
+                        "trl.experimental.openenv.utils.generate_rollout_completions (0.26-1.8)")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -102,7 +106,16 @@ def main():
         Trainer = trl.GRPOTrainer if a.trainer == "grpo" else trl.RLOOTrainer
         cfg = Config(per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
                      steps_per_generation=a.spg, **common)
-        trainer = Trainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds)
+        extra = {}
+        if a.rollout == "openenv":
+            from trl.experimental.openenv.utils import generate_rollout_completions
+
+            def rollout_func(prompts, trainer):  # the OpenEnv recipe's shape: TRL's helper, then the three keys
+                results = generate_rollout_completions(trainer, prompts)
+                return {k: [r[k] for r in results] for k in ("prompt_ids", "completion_ids", "logprobs")}
+
+            extra["rollout_func"] = rollout_func
+        trainer = Trainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds, **extra)
     trainer_box["t"] = trainer
 
     checkpoint_fp = next(e["weights_fp"] for e in EVENTS if e["event"] == "load_model")
