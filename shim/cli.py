@@ -180,7 +180,7 @@ def report(argv: list) -> int:
         return _fail(f"report: no events in {', '.join(paths)}", 1)
     rows = telemetry.per_rank(records)
     columns = ["rank", "engines", "cycles", "sleeps", "GiB freed/sleep", "min GiB freed", "ineffective",
-               "asleep s", "awake s"]
+               "asleep s", "awake s", "shim ms/call"]
     print(_table([{k: str(v) for k, v in r.items()} for r in rows], columns))
     if out is not None:
         try:

@@ -189,6 +189,7 @@ def per_rank(records: list) -> list:
                     awake += d
             last[key] = (r["t"], bool(r.get("asleep")))
         freed = [r.get("freed") or 0 for r in sleeps]
+        own = sorted(r["shim_s"] for r in sleeps + wakes if isinstance(r.get("shim_s"), (int, float)))
         rows.append({
             "rank": rank,
             "engines": len({(r.get("pid"), r["engine"]) for r in recs}),
@@ -199,6 +200,7 @@ def per_rank(records: list) -> list:
             "ineffective": sum(1 for r in sleeps if r.get("effective") is False),
             "asleep s": f"{asleep:.1f}",
             "awake s": f"{awake:.1f}",
+            "shim ms/call": f"{1000 * own[len(own) // 2]:.2f}" if own else "-",  # median, sleeps and wakes
         })
     return rows
 

@@ -292,6 +292,7 @@ def test_trace_and_report(model_dir, tmp_path):
     assert row0[:4] == ["0", "1", "1", "2"] and row0[6] == "0"
     assert row1[:4] == ["1", "1", "1", "2"] and row1[6] == "1" and row1[5] == "0.00"
     assert float(row0[4]) > 10
+    assert lines[0].split()[-2:] == ["shim", "ms/call"] and 0 <= float(row0[-1]) < 5000  # median shim_s
     # --plot: a PNG with matplotlib (in tests/requirements.txt), one clear line and exit 1 without it
     png = tmp_path / "mem.png"
     plot = _shim_cli("report", str(trace), "--plot", str(png))
