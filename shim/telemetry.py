@@ -1,9 +1,9 @@
 """Sleep/wake telemetry: one event per engine construction, sleep and wake.
 
 Every event is one INFO line through ``shim.log`` with the bytes the sleep
-allocator tracked and the bytes the device actually got back (measured after
-synchronize + gc + empty_cache, so it is this engine's own delta, unlike
-vLLM's device-wide ``Sleep mode freed X GiB``). With ``SHIM_TRACE=PATH`` each
+allocator tracked and the bytes the device actually got back (``mem_get_info``
+right before and after the call, cached blocks given back first: see
+``shim.vllm_guard``). With ``SHIM_TRACE=PATH`` each
 event is also appended to PATH as one JSON line; every record carries ``rank``
 (``RANK``/``LOCAL_RANK``) and ``pid``, and is written with one ``os.write`` on an
 ``O_APPEND`` descriptor, so many ranks can share the file without interleaving
@@ -18,7 +18,8 @@ Record keys: ``v`` (schema 1), ``event`` (``init`` | ``sleep`` | ``wake``), ``t`
 ``asleep`` (tags asleep after the event), ``tracked`` (bytes in the sleep pool
 before a sleep / after a wake or init), ``freed`` (sleep) or ``restored``
 (wake) or ``taken`` (init) bytes, ``effective`` (sleep: bool; else null),
-``free`` / ``total`` (device bytes after the event), ``note``.
+``free`` / ``total`` (device bytes after the event), ``note``, ``shim_s`` (sleep /
+wake: the shim's own seconds around vLLM's call; ``seconds`` is vLLM's call).
 """
 from __future__ import annotations
 
