@@ -1,6 +1,6 @@
 """vLLM sleep mode on real memory: what each sleep frees, with and without the shim, per allocator route.
 
-    python bench/gpu_sleep_memory.py [--cycles 3] [--workdir /tmp/shim-gpu/sleep]
+    python bench/gpu_sleep_memory.py [--cycles 8] [--workdir /tmp/shim-gpu/sleep]
         [--out bench/results/gpu_sleep_memory.json] [--only NAME ...]
     python bench/gpu_sleep_memory.py --one NAME --model DIR --out RUN.json    (one configuration; used by the above)
 
@@ -64,7 +64,7 @@ def parse(argv=None):
     p.add_argument("--size", default="wide", choices=sorted(common.SIZES))
     p.add_argument("--workdir", default="/tmp/shim-gpu/sleep")
     p.add_argument("--out", default="")
-    p.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles per level")
+    p.add_argument("--cycles", type=int, default=8, help="sleep/wake cycles per level")
     p.add_argument("--levels", default="1,2")
     p.add_argument("--kv-bytes", type=int, default=8 << 30)
     p.add_argument("--trace", default="", help="SHIM_TRACE of this configuration (--one)")

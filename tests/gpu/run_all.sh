@@ -16,7 +16,7 @@
 #   4. pytest tests/gpu on the results; then examples/trl_grpo_colocate.py if time is left
 # Runs that could not finish before BUDGET_S (default 520 s after start) are skipped and say so.
 # Knobs: PHASES ("trl5312 cost sleep"), COST_ARGS (e.g. "--with-trl-only --with-bug"), RUN_EXAMPLE (1),
-# STEPS_5312 (6), STEPS_COST (8), CYCLES (3 sleep/wake cycles per level), SIZE_WIDE (wide),
+# STEPS_5312 (6), STEPS_COST (8), CYCLES (8 sleep/wake cycles per level), SIZE_WIDE (wide),
 # ALLOW_FAKE=1 with tests/fakevllm on PYTHONPATH and VK=none: a dry run of this script on CPU.
 # OUT_DIR receives: run_all.log, gpu_trl_5312.json, gpu_step_cost.json, gpu_sleep_memory.json,
 # sleep_trace.png, pytest.txt, logs.tar.gz (7 files).
@@ -66,7 +66,7 @@ cd "$REPO" || exit 1
 el "repo $REPO, out $OUT, budget ${BUDGET_S}s"
 reason=$(python3 -c "from tests.gpu import common; print(common.skip_reason() or '')")
 [ -z "$reason" ] || [ "${ALLOW_FAKE:-0}" = 1 ] || { el "cannot run: $reason"; exit 1; }
-STEPS_5312=${STEPS_5312:-6} STEPS_COST=${STEPS_COST:-8} CYCLES=${CYCLES:-3} SIZE_WIDE=${SIZE_WIDE:-wide}
+STEPS_5312=${STEPS_5312:-6} STEPS_COST=${STEPS_COST:-8} CYCLES=${CYCLES:-8} SIZE_WIDE=${SIZE_WIDE:-wide}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 if [ -f patches/vllm_sleep_guard.py ]; then el "vLLM guard present: $(python3 -m shim status 2>/dev/null | grep -c vllm) vllm rows"; fi
 
