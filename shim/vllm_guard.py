@@ -372,7 +372,15 @@ def _sleep(engine, wrapped, args, kwargs, level, probe, entered):
     elif resolving:
         reissued = not effective
         if reissued:
-            effective, tracked, freed, cause = _reissue(engine, state, name, wrapped, args, kwargs, level, probe)
+            try:
+                effective, tracked, freed, cause = _reissue(engine, state, name, wrapped, args, kwargs, level, probe)
+            except Exception as exc:  # an extra action of the shim: never the reason training stops
+                if _strict():
+                    raise
+                log.warning(f"first-sleep reset {name}: re-issuing the sleep failed ({type(exc).__name__}: {exc}); "
+                            f"the engine stays as that call left it")
+                state.reset = "failed"
+                return result
         _reset_outcome(state, name, effective, tracked, freed, cause, reissued)
     return result
 

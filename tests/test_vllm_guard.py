@@ -196,6 +196,19 @@ def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict, tmp_p
         assert on["tokens2"] == off["tokens2"]  # level 1 after the re-issue: the same weights, the same tokens
 
 
+def test_reset_reissue_failure_never_stops_training(model_dir):
+    """The re-issued sleep is the shim's own extra action: if it raises, one WARNING and training goes on."""
+    body = ("KW = {}\n" + CYCLE.replace("a = free(); llm.sleep(level=1); R[\"freed2\"]",
+                                         "llm.llm_engine.wake_up = boom; a = free(); llm.sleep(level=1); R[\"freed2\"]")
+            + "R['after'] = 'went on'\n")
+    body = "def boom(*a, **k):\n    raise RuntimeError('wake_up broke')\n" + body
+    env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE, SHIM_DISABLED_PATCHES="vllm-sleep-guard")
+    on, pon = scenario(model_dir, body, shim=True, **env)
+    assert on["after"] == "went on"
+    assert ("first-sleep reset LLMEngine#1: re-issuing the sleep failed (RuntimeError: wake_up broke)"
+            in pon.stderr), pon.stderr[-2000:]
+
+
 def test_reset_recovered_branch():
     """The re-check logs a recovered engine (in-process unit: no stand-in case recovers at run time)."""
     code = textwrap.dedent("""
