@@ -42,7 +42,10 @@ sys.addaudithook(lambda ev, a: opened.append(str(a[0])) if ev == "open" and isin
 # CPU only: deepspeed's TorchBackend JIT-compiles a shared-memory all-reduce op with g++ (60-90 s,
 # and again for every venv, since the torch_extensions hash includes the source path). It only
 # speeds up CPU collectives; the ZeRO-3 load does not need it.
-import deepspeed.comm.torch as _ds_comm_torch
+# (importlib, not `import deepspeed.comm.torch as m`: that binds the `torch` package that
+# deepspeed.comm re-exports under the same name, and the patch would miss.)
+import importlib
+_ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
 _ds_comm_torch.build_shm_op = lambda: None
 if spec["shim"]:
     import shim.auto  # noqa: F401
