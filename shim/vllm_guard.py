@@ -341,21 +341,13 @@ def _sleep(engine, wrapped, args, kwargs, level, probe, entered):
         engine.wake_up(sorted(asleep))  # through the allocator guard's wrapper when it is on
         sleep_state.note_wake(engine, asleep)
         note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
-    tracked = tracked_bytes(probe)
-    free0, _ = measure_before_sleep(probe)
-    t0 = time.perf_counter()
-    result = wrapped(*args, **kwargs)
-    t1 = time.perf_counter()
-    seconds = t1 - t0
-    free1, total = measure_after_sleep(probe)
-    freed = max(free1 - free0, 0)
+    result, t0, t1, tracked, freed, free1, total = _measured_sleep(engine, state, wrapped, args, kwargs, level,
+                                                                  probe)
     effective, cause, fix = judge(state, tracked, freed)
     first = state.sleeps == 0
     state.sleeps += 1
-    state.tracked_bytes, state.freed_bytes = tracked, freed
-    sleep_state.note_sleep(engine, level)
     shim_s = (t0 - entered) + (time.perf_counter() - t1)
-    telemetry.emit("sleep", name, seconds, level=level, tracked=tracked, freed=freed, effective=effective,
+    telemetry.emit("sleep", name, t1 - t0, level=level, tracked=tracked, freed=freed, effective=effective,
                    asleep=sorted(state.asleep), free=free1, total=total, note=note, shim_s=shim_s)
     resolving = state.reset == "pending" and bool(state.wakes) and not first
     if not effective:
@@ -393,19 +385,26 @@ def _reissue(engine, state, name, wrapped, args, kwargs, level, probe) -> tuple:
     engine.wake_up()  # through the allocator guard's wrapper when it is on; this wrapper passes through
     sleep_state.note_wake(engine, None)
     memory.release_cached()
+    _, t0, t1, tracked, freed, free1, total = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe)
+    effective, cause, _ = judge(state, tracked, freed)
+    telemetry.emit("sleep", name, t1 - t0, level=level, tracked=tracked, freed=freed, effective=effective,
+                   asleep=sorted(state.asleep), free=free1, total=total, note="first-sleep reset: re-issued")
+    return effective, tracked, freed, cause
+
+
+def _measured_sleep(engine, state, wrapped, args, kwargs, level, probe) -> tuple:
+    """vLLM's sleep between the two device readings; the engine's state records the level and the
+    bytes. Returns ``(result, t0, t1, tracked, freed, free_after, total)`` (t0/t1 around vLLM's call)."""
     tracked = tracked_bytes(probe)
     free0, _ = measure_before_sleep(probe)
     t0 = time.perf_counter()
-    wrapped(*args, **kwargs)
-    seconds = time.perf_counter() - t0
+    result = wrapped(*args, **kwargs)
+    t1 = time.perf_counter()
     free1, total = measure_after_sleep(probe)
     freed = max(free1 - free0, 0)
-    effective, cause, _ = judge(state, tracked, freed)
-    sleep_state.note_sleep(engine, level)
     state.tracked_bytes, state.freed_bytes = tracked, freed
-    telemetry.emit("sleep", name, seconds, level=level, tracked=tracked, freed=freed, effective=effective,
-                   asleep=sorted(state.asleep), free=free1, total=total, note="first-sleep reset: re-issued")
-    return effective, tracked, freed, cause
+    sleep_state.note_sleep(engine, level)
+    return result, t0, t1, tracked, freed, free1, total
 
 
 def _reset_outcome(state, name, effective, tracked, freed, cause, reissued=False) -> None:
