@@ -149,26 +149,33 @@ def trl_path(version: str) -> pathlib.Path:
     return dest
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m tests.envs [trl] VERSION [VERSION ...] | python -m tests.envs [trl] all"
-    if argv[:1] == ["trl"]:
-        argv = argv[1:]
+def build_cli(argv: list, usage: str, all_versions, check, build) -> int:
+    """The command line of the env builders (this module, ``tests.swift_envs``): ``VERSION ... | all``.
+    Every version is checked before any is built; one path per version on stdout; a bad version
+    or a failed build is one line on stderr and exit 1, bad usage exit 2."""
     if not argv or any(a.startswith("-") for a in argv):
         print(usage, file=sys.stderr)
         return 2
-    versions = list(TRL_VERSIONS) if argv == ["all"] else argv
+    versions = list(all_versions) if argv == ["all"] else argv
     try:
         for v in versions:
-            _check_version(v)
+            check(v)
         for v in versions:
-            print(trl_path(v))
+            print(build(v), flush=True)
     except EnvError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python -m tests.envs [trl] VERSION [VERSION ...] | python -m tests.envs [trl] all"
+    if argv[:1] == ["trl"]:
+        argv = argv[1:]
+    return build_cli(argv, usage, TRL_VERSIONS, _check_version, trl_path)
 
 
 if __name__ == "__main__":

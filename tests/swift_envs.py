@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 
-from tests.envs import EnvError, _FileLock
+from tests.envs import EnvError, _FileLock, build_cli
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS_DIR = REPO_ROOT / "tests"
@@ -210,28 +210,17 @@ def swift_python(version: str) -> pathlib.Path:
     return _python(swift_env(version))
 
 
+def _build_and_report(version: str) -> pathlib.Path:
+    t0 = time.monotonic()
+    python = _python(swift_env(version, log=lambda m: print(m, file=sys.stderr, flush=True)))
+    print(f"[swift {version}] ready in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    return python
+
+
 def main(argv: list | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or any(a.startswith("-") for a in argv):
-        print("usage: python -m tests.swift_envs VERSION [VERSION ...] | all", file=sys.stderr)
-        return 2
-    versions = list(SWIFT_VERSIONS) if argv == ["all"] else argv
-    try:
-        for v in versions:
-            _series(v)
-        for v in versions:
-            t0 = time.monotonic()
-            python = swift_python(v) if _ready(ENVS_DIR / f"swift-{v}", v) else _python(
-                swift_env(v, log=lambda m: print(m, file=sys.stderr, flush=True)))
-            print(f"{python}", flush=True)
-            print(f"[swift {v}] ready in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    except EnvError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
+    return build_cli(argv, "usage: python -m tests.swift_envs VERSION [VERSION ...] | all", SWIFT_VERSIONS,
+                     _series, _build_and_report)
 
 if __name__ == "__main__":
     sys.exit(main())
