@@ -1,4 +1,5 @@
-"""Run ``tests/scenarios/swift_run.py`` with one ms-swift release (its own venv) on the vLLM stand-in."""
+"""Run code in one ms-swift release's venv on the vLLM stand-in (``run_in_swift``), e.g.
+``tests/scenarios/swift_run.py`` (``run_swift``)."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 
+from shim.alloc_guard import ENV_VARS as ALLOC_VARS
 from tests.helpers import REPO, clean_env, last_json
 from tests.swift_envs import swift_python
 from tests.trl_support import fake_site
@@ -34,8 +36,12 @@ def tiny_model() -> str:
     return str(target)
 
 
-def run_swift(version: str, *args: str, env: dict | None = None, check: bool = True) -> dict | subprocess.CompletedProcess:
-    vllm_version = vllm_for(version)
+def run_in_swift(version: str, argv: list, env: dict | None = None, check: bool = True,
+                 vllm_version: str | None = None) -> dict | subprocess.CompletedProcess:
+    """``python ARGV`` in the ms-swift <version> venv with the vLLM stand-in and the repository on
+    PYTHONPATH, offline, its own rendezvous port and cwd; only ``env`` sets allocator variables.
+    Returns the child's last JSON line (``check``) or the finished process."""
+    vllm_version = vllm_version or vllm_for(version)
     device = (env or {}).get("FAKEVLLM_DEVICE", "cuda")
     out = tempfile.mkdtemp(prefix=f"swift-{version}-")
     with socket.socket() as sock:  # each run its own rendezvous port (parallel test workers)
@@ -45,12 +51,21 @@ def run_swift(version: str, *args: str, env: dict | None = None, check: bool = T
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                             DS_ACCELERATOR="cpu", MASTER_PORT=port,
                             TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-                            MODELSCOPE_CACHE=os.path.join(out, "ms"), **(env or {}))
+                            MODELSCOPE_CACHE=os.path.join(out, "ms"))
+    for name in ALLOC_VARS:  # only the case's own allocator setting
+        environment.pop(name, None)
+    environment.update({k: str(v) for k, v in (env or {}).items()})
     environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version, device), str(REPO)])
-    proc = subprocess.run([str(swift_python(version)), str(SCENARIO), "--model", tiny_model(), "--out", out, *args],
-                          env=environment, capture_output=True, text=True, timeout=900, cwd=out)
+    proc = subprocess.run([str(swift_python(version)), *[str(a) for a in argv]], env=environment,
+                          capture_output=True, text=True, timeout=900, cwd=out)
     if not check:
         return proc
     if proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
     return last_json(proc)
+
+
+def run_swift(version: str, *args: str, env: dict | None = None, check: bool = True) -> dict | subprocess.CompletedProcess:
+    """``tests/scenarios/swift_run.py`` (the real RolloutTrainerMixin) with ``args``."""
+    out = tempfile.mkdtemp(prefix=f"swift-{version}-run-")
+    return run_in_swift(version, [SCENARIO, "--model", tiny_model(), "--out", out, *args], env=env, check=check)

@@ -16,22 +16,14 @@ rollout cycle itself (``_generate_completions``) pushes weights through the brid
 is not driven here.
 """
 import json
-import os
-import socket
-import subprocess
-import tempfile
 
-from tests.helpers import REPO, clean_env, last_json
-from tests.swift_envs import swift_python
-from tests.swift_support import tiny_model
-from tests.trl_support import fake_site
+from tests.swift_support import run_in_swift, tiny_model
 
 VERSION = "4.6.0"
 MEGATRON = "swift.megatron.trainers.rollout_mixin"
 RAY = "swift.ray.megatron.rollout.ray_vllm_engine"
 EXPANDABLE = "expandable_segments:True"
 USER = "max_split_size_mb:128,expandable_segments:True"
-ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
 SHIM_HELPER = "patches.swift_expandable_segments"
 SWIFT_HELPER = "swift.rlhf_trainers.utils"
 
@@ -136,23 +128,7 @@ print(json.dumps(out))
 
 
 def run_child(spec: dict, env: dict) -> dict:
-    device = env.get("FAKEVLLM_DEVICE", "cuda")
-    out = tempfile.mkdtemp(prefix="swift-megatron-")
-    with socket.socket() as sock:  # each run its own rendezvous port (parallel test workers)
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    environment = clean_env(FAKEVLLM_VERSION="0.24.0", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-                            TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", DS_ACCELERATOR="cpu",
-                            OMP_NUM_THREADS="1", MASTER_PORT=port, MODELSCOPE_CACHE=os.path.join(out, "ms"))
-    for name in ALLOC_VARS:  # only the case's own allocator setting
-        environment.pop(name, None)
-    environment.update(env)
-    environment["PYTHONPATH"] = os.pathsep.join([fake_site("0.24.0", device), str(REPO)])
-    proc = subprocess.run([str(swift_python(VERSION)), "-c", CHILD, json.dumps(spec)], env=environment,
-                          capture_output=True, text=True, timeout=600, cwd=out)
-    if proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
-    return last_json(proc)
+    return run_in_swift(VERSION, ["-c", CHILD, json.dumps(spec)], env=env, vllm_version="0.24.0")
 
 
 def test_megatron_helper_keeps_the_users_cuda_string():
