@@ -384,7 +384,7 @@ def _reissue(engine, state, name, wrapped, args, kwargs, level, probe) -> tuple:
     pool stays where it is. Returns ``(effective, tracked, freed, cause)`` of the re-issued sleep."""
     engine.wake_up()  # through the allocator guard's wrapper when it is on; this wrapper passes through
     sleep_state.note_wake(engine, None)
-    memory.release_cached()
+    memory.release_cached(probe)
     _, t0, t1, tracked, freed, free1, total = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe)
     effective, cause, _ = judge(state, tracked, freed)
     telemetry.emit("sleep", name, t1 - t0, level=level, tracked=tracked, freed=freed, effective=effective,
@@ -472,7 +472,7 @@ def check_wake(wrapped, instance, args, kwargs):
             log.debug(f"wake {name} tags={tags}: all awake already, call skipped (vLLM would ignore it)")
             return None
         if woken and not _vllm_releases_before_wake():
-            memory.release_cached()
+            memory.release_cached(probe)
         free0 = probe.mem_get_info()[0] if probe is not None else None
         _local.guard_s = 0.0
         t0 = time.perf_counter()
