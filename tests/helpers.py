@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,32 @@ def last_json(proc: subprocess.CompletedProcess):
         except ValueError:
             continue
     raise AssertionError(f"no JSON result in stdout:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
+
+
+_PORT_SLICE = 3000  # ports per pytest-xdist worker, from 20000 up: four workers stay below 32768
+_port_state: list = []  # [first port of this worker's slice, next offset in it]
+
+
+def rendezvous_port() -> str:
+    """A TCP port for a child's torch.distributed rendezvous (MASTER_PORT / --master_port).
+
+    Below Linux's ephemeral range (32768-60999): no outgoing connection (gloo's, pip's, another
+    test worker's) is ever handed it between this check and the child's listen -- the race that
+    picking a port with ``bind(0)`` loses now and then (EADDRINUSE in CI). Each pytest-xdist worker
+    has its own slice and each call takes the next port in it, so no port a finished child may
+    still hold in TIME_WAIT comes back."""
+    if not _port_state:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+        base = 20000 + (int(worker) % 4 if worker.isdigit() else 0) * _PORT_SLICE
+        _port_state.extend([base, os.getpid() % 1000])  # a rerun starts elsewhere in the slice
+    base = _port_state[0]
+    for _ in range(_PORT_SLICE):
+        port = base + _port_state[1] % _PORT_SLICE
+        _port_state[1] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return str(port)
+    raise AssertionError(f"no free rendezvous port in {base}-{base + _PORT_SLICE - 1}")

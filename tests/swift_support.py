@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import subprocess
 import tempfile
 
 from shim.alloc_guard import ENV_VARS as ALLOC_VARS
-from tests.helpers import REPO, clean_env, last_json
+from tests.helpers import REPO, clean_env, last_json, rendezvous_port
 from tests.swift_envs import swift_python
 from tests.trl_support import fake_site
 
@@ -44,9 +43,7 @@ def run_in_swift(version: str, argv: list, env: dict | None = None, check: bool 
     vllm_version = vllm_version or vllm_for(version)
     device = (env or {}).get("FAKEVLLM_DEVICE", "cuda")
     out = tempfile.mkdtemp(prefix=f"swift-{version}-")
-    with socket.socket() as sock:  # each run its own rendezvous port (parallel test workers)
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    port = rendezvous_port()  # each run its own (parallel test workers)
     # DS_ACCELERATOR=cpu: deepspeed would pick the (fake) NPU accelerator in NPU mode
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                             DS_ACCELERATOR="cpu", MASTER_PORT=port,

@@ -1,12 +1,11 @@
 """The three ways in: ``import shim.auto``, ``python -m shim CMD``, ``python -m shim install``."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import venv
 
-from tests.helpers import DATA, REPO, clean_env, run_python
+from tests.helpers import DATA, REPO, clean_env, rendezvous_port, run_python
 
 PROBE = "import json, os, shim; print(json.dumps({'active': shim.is_active(), 'pid': os.getpid()}))"
 
@@ -83,9 +82,7 @@ def test_run_reaches_every_torchrun_rank(tmp_path):
     )
     out_dir = tmp_path / "ranks"
     out_dir.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = rendezvous_port()
     proc = shim_run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script)],
                     env=clean_env(OUT_DIR=str(out_dir)))
     assert proc.returncode == 0, proc.stderr[-3000:]

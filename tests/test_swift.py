@@ -95,10 +95,9 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
     """`python -m shim swift rlhf ...` with NPROC_PER_NODE=2: the shim is active in the swift process, the
     torchrun agent and both ranks, read from each process's own activation record in SHIM_TRACE."""
     import json
-    import socket
     import subprocess
 
-    from tests.helpers import REPO, clean_env
+    from tests.helpers import REPO, clean_env, rendezvous_port
     from tests.swift_envs import swift_python
     from tests.swift_support import tiny_model
     from tests.trl_support import fake_site
@@ -108,9 +107,7 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
                                                           {"role": "assistant", "content": "yes"}]})
                                  for t in ("hello world", "the cat is")) + "\n")
     trace = tmp_path / "trace.jsonl"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = rendezvous_port()
     python = swift_python("3.10.1")
     env = clean_env(SHIM_TRACE=str(trace), NPROC_PER_NODE="2", MASTER_PORT=str(port), FAKEVLLM_VERSION="0.10.2",
                     DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import swift_envs
+from tests.helpers import rendezvous_port
 
 REPO = Path(__file__).resolve().parent.parent
 # 3.10.0 differs from 3.10.1 only in the teacher's model_type detection; SWIFT_GKD_VERSIONS adds it (CI time)
@@ -130,7 +131,8 @@ def models(tmp_path_factory):
 
 
 def run_child(version, models, *, teacher="teacher", teacher_ds="zero3", shim=True, world=8, free_gb=80,
-              teacher_type="qwen2", port=29600):
+              teacher_type="qwen2"):
+    port = rendezvous_port()
     spec = {"student": str(models / "student"), "teacher": str(models / teacher), "data": str(models / "data.jsonl"),
             "out": str(models / f"out-{os.getpid()}-{port}"), "teacher_ds": teacher_ds, "shim": shim,
             "world": world, "free": free_gb * GB, "teacher_type": teacher_type}
@@ -145,22 +147,13 @@ def run_child(version, models, *, teacher="teacher", teacher_ds="zero3", shim=Tr
     raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
 
 
-def _port(version, case):
-    """A free TCP port for gloo's rendezvous (other suites may hold fixed ones)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _teacher_loads(result, models, teacher="teacher"):
     return [x for x in result["loads"] if x["path"] == str(models / teacher)]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_teacher_loads_partitioned_with_shim(version, models):
-    result, err = run_child(version, models, port=_port(version, 0))
+    result, err = run_child(version, models)
     assert result["error"] is None, (result, err[-3000:])
     (teacher,) = _teacher_loads(result, models)
     student = [x for x in result["loads"] if x["path"] == str(models / "student")]
@@ -177,7 +170,7 @@ def test_teacher_loads_partitioned_with_shim(version, models):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_teacher_loads_whole_without_shim(version, models):
-    result, err = run_child(version, models, shim=False, port=_port(version, 1))
+    result, err = run_child(version, models, shim=False)
     assert result["error"] is None, (result, err[-3000:])
     (teacher,) = _teacher_loads(result, models)
     assert teacher["zero3"] is False and teacher["device_map"] == "cpu"  # the bug: whole, per-rank device
@@ -193,9 +186,7 @@ def test_preflight_235b_whole_per_rank_fails_fast(version, models, teacher, teac
     """ZeRO-2 student, teacher placement not partitioned (teacher_deepspeed zero2): 471 GB per rank."""
     if (teacher == "qwen3-vl-235b-a22b") != (version == "3.10.1") and version in ("3.10.1", "4.6.0"):
         pytest.skip("each shape on one release (CI time): Qwen3-VL on 3.10.1, Qwen3-MoE on 4.6.0")
-    case = 2 if teacher == "qwen3-vl-235b-a22b" else 3
-    result, err = run_child(version, models, teacher=teacher, teacher_ds="zero2", teacher_type=teacher_type,
-                            port=_port(version, case))
+    result, err = run_child(version, models, teacher=teacher, teacher_ds="zero2", teacher_type=teacher_type)
     assert result["error"] is not None and result["error"][0] == "TeacherWontFit", (result, err[-3000:])
     msg = result["error"][1]
     assert "whole on every rank" in msg and "80.0 GB free" in msg and "GB per rank" in msg
@@ -214,11 +205,10 @@ def test_preflight_235b_partitioned_checks_partitioned_size(version, models):
     if version not in VERSIONS:
         pytest.skip(f"{version} not selected")
     result, err = run_child(version, models, teacher="qwen3-vl-235b-a22b", teacher_type="qwen3_vl_moe",
-                            free_gb=141, port=_port(version, 4))
+                            free_gb=141)
     assert result["error"] is None or result["error"][0] != "TeacherWontFit", result
     assert "partitioned over 8 ranks (ZeRO-3 load): 117.8 GB per rank; 141.0 GB free" in err, err[-3000:]
-    result, err = run_child(version, models, teacher="qwen3-vl-235b-a22b", teacher_type="qwen3_vl_moe",
-                            port=_port(version, 5))
+    result, err = run_child(version, models, teacher="qwen3-vl-235b-a22b", teacher_type="qwen3_vl_moe")
     assert result["error"] is not None and result["error"][0] == "TeacherWontFit", result
     assert "partitioned over 8 ranks" in result["error"][1] and "zero3_offload" in result["error"][1]
     assert all(p.endswith("config.json") for p in result["opened"]), result["opened"]

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 
 from tests.envs import trl_path
-from tests.helpers import REPO, clean_env, last_json, run_python
+from tests.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 SCENARIO = REPO / "tests" / "scenarios" / "trl_run.py"
@@ -43,7 +43,7 @@ def run_trl(trl_version: str, out_dir, *args: str, env: dict | None = None) -> d
     vllm_version = vllm_for(trl_version)
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false",
                             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                            OMP_NUM_THREADS="1", **(env or {}))
+                            OMP_NUM_THREADS="1", MASTER_PORT=rendezvous_port(), **(env or {}))
     path = [trl_path(trl_version), fake_site(vllm_version)]
     code = f"import runpy, sys; sys.argv = ['trl_run'] + {['--out', str(out_dir), *args]!r}; " \
            f"runpy.run_path({str(SCENARIO)!r}, run_name='__main__')"
