@@ -95,29 +95,22 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
     """`python -m shim swift rlhf ...` with NPROC_PER_NODE=2: the shim is active in the swift process, the
     torchrun agent and both ranks, read from each process's own activation record in SHIM_TRACE."""
     import json
-    import subprocess
 
-    from tests.helpers import REPO, clean_env, rendezvous_port
     from tests.swift_envs import swift_python
-    from tests.swift_support import tiny_model
-    from tests.trl_support import fake_site
+    from tests.swift_support import run_in_swift, tiny_model
 
     dataset = tmp_path / "data.jsonl"
     dataset.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": t},
                                                           {"role": "assistant", "content": "yes"}]})
                                  for t in ("hello world", "the cat is")) + "\n")
     trace = tmp_path / "trace.jsonl"
-    port = rendezvous_port()
-    python = swift_python("3.10.1")
-    env = clean_env(SHIM_TRACE=str(trace), NPROC_PER_NODE="2", MASTER_PORT=str(port), FAKEVLLM_VERSION="0.10.2",
-                    DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-                    PYTHONPATH=f"{fake_site('0.10.2')}:{REPO}")
+    swift = swift_python("3.10.1").parent / "swift"
     # It may stop after start-up (CPU, tiny model): only the activation records are read.
-    subprocess.run([str(python), "-m", "shim", str(python.parent / "swift"), "rlhf", "--rlhf_type", "grpo",
-                    "--model", tiny_model(), "--model_type", "qwen2", "--dataset", str(dataset), "--use_vllm", "true",
-                    "--vllm_mode", "colocate", "--sleep_level", "1", "--max_steps", "1", "--reward_funcs", "format",
-                    "--output_dir", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=600,
-                   cwd=str(tmp_path))
+    run_in_swift("3.10.1", ["-m", "shim", swift, "rlhf", "--rlhf_type", "grpo", "--model", tiny_model(),
+                            "--model_type", "qwen2", "--dataset", dataset, "--use_vllm", "true", "--vllm_mode",
+                            "colocate", "--sleep_level", "1", "--max_steps", "1", "--reward_funcs", "format",
+                            "--output_dir", tmp_path / "out"],
+                 env={"SHIM_TRACE": trace, "NPROC_PER_NODE": "2"}, check=False)
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     activations = [r for r in records if r["event"] == "activate"]
     by_pid = {r["pid"]: r for r in activations}
