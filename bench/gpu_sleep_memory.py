@@ -222,9 +222,9 @@ def own_time(events: list) -> dict:
         out.setdefault(key, {"shim_s": [], "call_s": []})
         out[key]["shim_s"].append(e["shim_s"])
         out[key]["call_s"].append(e["seconds"])
-    return {k: {"shim_s": _median(v["shim_s"]), "call_s": _median(v["call_s"]),
-                "ratio": _median(v["shim_s"]) / _median(v["call_s"]) if _median(v["call_s"]) else None, "n": len(v["shim_s"])}
-            for k, v in out.items()}
+    medians = {k: (_median(v["shim_s"]), _median(v["call_s"]), len(v["shim_s"])) for k, v in out.items()}
+    return {k: {"shim_s": own, "call_s": call, "ratio": own / call if call else None, "n": n}
+            for k, (own, call, n) in medians.items()}
 
 
 def agree(sleeps: list, events: list) -> dict:
