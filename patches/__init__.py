@@ -1,32 +1,31 @@
-"""Every patch of the shim, in the order they are registered.
+"""The shim's patches, installed as ``shim.patches`` (the repository keeps them in ``patches/``).
 
-Importing this package imports only the patch modules, which import nothing of
-torch, vLLM, TRL or ms-swift at module level.
+``INDEX`` is all that start-up reads: one row per patch, in registration order:
+(patch id, module of this package that defines it, the upstream module its hook waits for).
+A patch module is imported only when its upstream module is imported (or by ``status``);
+importing this package imports nothing at all. The contract test
+(``tests/patches``) checks every row against the ``PATCHES`` list its module exports.
+
+``REMOVED``: ids of patches deleted on schedule (id -> when and why). They stay known so
+that a ``SHIM_DISABLED_PATCHES`` naming one keeps working silently after an upgrade.
 """
-from patches import (
-    swift_expandable_segments,
-    swift_gkd_teacher_zero3,
-    swift_level2_resync,
-    trl_gold,
-    trl_level2_resync,
-    trl_online_dpo,
-    trl_stale_weights,
-    vllm_sleep_guard,
+
+INDEX = (
+    ("trl-stale-weights", "trl_stale_weights", "trl.generation.vllm_generation"),
+    ("trl-grpo-level2-resync", "trl_level2_resync", "trl.trainer.grpo_trainer"),
+    ("trl-rloo-level2-resync", "trl_level2_resync", "trl.trainer.rloo_trainer"),
+    ("trl-online-dpo-resync", "trl_online_dpo", "trl.experimental.online_dpo.online_dpo_trainer"),
+    ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
+    ("swift-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("swift-expandable-segments", "swift_expandable_segments", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("swift-expandable-segments-4x", "swift_expandable_segments", "swift.rlhf_trainers.rollout_mixin"),
+    ("swift-expandable-segments-megatron", "swift_expandable_segments", "swift.megatron.trainers.rollout_mixin"),
+    ("swift-expandable-segments-ray", "swift_expandable_segments", "swift.ray.megatron.rollout.ray_vllm_engine"),
+    ("swift-gkd-teacher-zero3", "swift_gkd_teacher_zero3", "swift.llm.train.rlhf"),
+    ("swift-gkd-teacher-zero3-4x", "swift_gkd_teacher_zero3", "swift.pipelines.train.rlhf"),
+    ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
+    ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
+    ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),
 )
 
-ALL = [
-    trl_stale_weights.PATCH,
-    trl_level2_resync.GRPO,
-    trl_level2_resync.RLOO,
-    trl_online_dpo.PATCH,
-    trl_gold.PATCH,
-    swift_level2_resync.PATCH,
-    swift_expandable_segments.V3,
-    swift_expandable_segments.V4,
-    swift_expandable_segments.V4_MEGATRON,
-    swift_expandable_segments.V4_RAY,
-    *swift_gkd_teacher_zero3.PATCHES,
-    vllm_sleep_guard.GUARD,
-    vllm_sleep_guard.CHECK,
-    vllm_sleep_guard.LLM_CHECK,
-]
+REMOVED = {}

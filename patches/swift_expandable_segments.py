@@ -93,3 +93,5 @@ V4_MEGATRON = _patch("swift-expandable-segments-megatron", ">=4.0.0", "swift.meg
                      "swift.rlhf_trainers.utils")
 V4_RAY = _patch("swift-expandable-segments-ray", ">=4.0.0", "swift.ray.megatron.rollout.ray_vllm_engine",
                 "swift.rlhf_trainers.utils")
+
+PATCHES = [V3, V4, V4_MEGATRON, V4_RAY]

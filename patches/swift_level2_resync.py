@@ -52,3 +52,5 @@ PATCH = Patch(
     summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.12 does)",
     verified="CPU: real ms-swift 3.10.0/3.10.1 RolloutTrainerMixin on the vLLM stand-in",
 )
+
+PATCHES = [PATCH]

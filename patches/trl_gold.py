@@ -32,3 +32,5 @@ PATCH = Patch(
     summary="GOLDTrainer: weights woken and pushed before every generate after a level-2 sleep",
     verified="CPU: real TRL 0.29.1 GOLDTrainer on the vLLM stand-in (crash without the shim, asserted)",
 )
+
+PATCHES = [PATCH]

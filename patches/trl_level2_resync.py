@@ -36,3 +36,5 @@ def _patch(patch_id, module, class_name):
 
 GRPO = _patch("trl-grpo-level2-resync", "trl.trainer.grpo_trainer", "GRPOTrainer")
 RLOO = _patch("trl-rloo-level2-resync", "trl.trainer.rloo_trainer", "RLOOTrainer")
+
+PATCHES = [GRPO, RLOO]

@@ -28,3 +28,5 @@ PATCH = Patch(
     summary="OnlineDPOTrainer: trained weights pushed before every generate after a level-2 sleep",
     verified="CPU: real TRL OnlineDPOTrainer, gradient_accumulation_steps=2, on the vLLM stand-in",
 )
+
+PATCHES = [PATCH]

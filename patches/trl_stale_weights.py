@@ -43,3 +43,5 @@ PATCH = Patch(
             "weights woken before sync_weights writes them",
     verified="CPU: real TRL 0.28.0-1.9.2 VLLMGeneration + GRPOTrainer on the vLLM stand-in",
 )
+
+PATCHES = [PATCH]

@@ -122,3 +122,5 @@ LLM_CHECK = Patch(
     summary="as vllm-sleep-check, on vllm.LLM (outermost wrapper acts, no double counting)",
     verified="CPU: vLLM stand-in (CUDA and NPU modes)",
 )
+
+PATCHES = [GUARD, CHECK, LLM_CHECK]

@@ -117,9 +117,9 @@ _registry = _Registry()
 
 
 def all_patches() -> list:
-    from patches import ALL
+    from shim import registry
 
-    return list(ALL)
+    return registry.all_patches()
 
 
 def decisions() -> dict:

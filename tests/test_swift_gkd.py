@@ -250,7 +250,9 @@ class SwiftRLHF:
 
 
 def test_probe_expected_shape_fixed_upstream_and_changed(tmp_path):
-    from patches.swift_gkd_teacher_zero3 import _probe
+    from shim import registry
+
+    _probe = registry.patch_module("swift_gkd_teacher_zero3")._probe
 
     assert _probe(_module_from_source(tmp_path, "m_ok", _SHAPE % "pass")) is None
     fixed = _module_from_source(tmp_path, "m_fixed", _SHAPE % "ctx = HfTrainerDeepSpeedConfig(args.teacher_deepspeed)")

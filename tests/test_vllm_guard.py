@@ -391,7 +391,7 @@ def test_alloc_guard_restores_exactly():
 
 
 def test_import_shim_auto_imports_no_torch_or_vllm():
-    proc = run_python("import json, sys, shim.auto, patches\n"
+    proc = run_python("import json, sys, shim.auto, shim.registry; shim.registry.all_patches()\n"
                       "print(json.dumps([m for m in ('torch', 'vllm', 'trl', 'vllm_ascend') if m in sys.modules]))",
                       path=[FAKEVLLM])
     assert last_json(proc) == []
