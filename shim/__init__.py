@@ -10,21 +10,30 @@ __version__ = "0.1.0"
 
 
 def activate() -> bool:
-    """Turn the shim on in this process. Idempotent; never raises.
+    """Turn the shim on in this process. Idempotent; never raises (except under SHIM_STRICT=1).
 
     Returns True when active. A bad environment switch is reported in one line
-    on stderr and leaves the shim off (the user's program still runs).
+    on stderr and leaves the shim off (the user's program still runs). Under
+    SHIM_STRICT=1 a patch that failed on a module imported before this call
+    raises ``shim.patching.PatchFailed``, after every patch is registered.
     """
     import sys
 
-    from shim import config, log, patching
+    from shim import config, log, patching, registry
 
     try:
         log.setup(debug=config.debug())
         first = not patching._registry.active
-        active = patching.activate()
+        active = patching.activate(registry.entries(), registry.removed())
     except config.ConfigError as exc:
         print(f"[shim] ERROR {exc}; shim not activated", file=sys.stderr)
+        return False
+    except patching.PatchFailed:
+        raise
+    except Exception as exc:  # the shim itself is broken: say so, never break the user's program
+        if patching._strict():
+            raise
+        print(f"[shim] ERROR activation failed: {type(exc).__name__}: {exc}; shim not activated", file=sys.stderr)
         return False
     trace = config.trace_path()
     if active and first and trace:

@@ -1,5 +1,11 @@
-"""``python -m shim``: run a command with the shim, or inspect it.
+"""``python -m shim`` (or the ``vllm-sleep-shim`` console script): run a command with the shim, or inspect it."""
+from __future__ import annotations
 
+import os
+import shutil
+import sys
+
+USAGE = """usage:
     python -m shim [OPTIONS] [--] COMMAND [ARGS...]   run COMMAND (and every process it starts) with the shim
     python -m shim status [--json] [--import]         one row per patch and its decision
     python -m shim doctor                              versions, allocator settings, known bugs
@@ -9,14 +15,9 @@
 OPTIONS: --trace PATH (SHIM_TRACE), --disable ID[,ID] (SHIM_DISABLED_PATCHES),
 --strict (SHIM_STRICT=1), --debug (SHIM_DEBUG=1). A command named like a
 subcommand goes after ``--``.
-"""
-from __future__ import annotations
-
-import os
-import shutil
-import sys
-
-USAGE = __doc__.split("\n\n")[1]
+``vllm-sleep-shim`` is the same launcher as a console script: no file in the working
+directory (a ``shim.py``) can shadow it."""
+"""Kept out of ``__doc__``: ``python -OO`` drops docstrings."""
 SUBCOMMANDS = ("status", "doctor", "install", "uninstall", "report")
 _RUN_OPTIONS = {"--trace": "SHIM_TRACE", "--disable": "SHIM_DISABLED_PATCHES"}
 _RUN_FLAGS = {"--strict": "SHIM_STRICT", "--debug": "SHIM_DEBUG"}
@@ -33,7 +34,7 @@ def fail(message: str, code: int = 2) -> int:
 
 def run(argv: list) -> int:
     """Exec COMMAND with the bootstrap directory first on PYTHONPATH."""
-    from shim import config, patching
+    from shim import config, registry
 
     env = dict(os.environ)
     i = 0
@@ -60,12 +61,16 @@ def run(argv: list) -> int:
     os.environ.clear()
     os.environ.update(env)
     try:  # validate with the child's environment before anything starts
-        config.validate([p.id for p in patching.all_patches()])
+        config.validate()
+        _, unknown = config.disabled_patches(registry.ids(), registry.removed())
     except config.ConfigError as exc:
         return fail(str(exc))
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    if unknown:
+        print(f"shim: warning: {config.SHIM_DISABLED_PATCHES}: unknown patch id(s) {', '.join(unknown)} ignored; "
+              f"valid ids: {', '.join(registry.ids())}", file=sys.stderr)
     executable = shutil.which(command[0], path=env.get("PATH"))
     if executable is None:
         return fail(f"command not found: {command[0]}", 127)
@@ -81,7 +86,7 @@ def main(argv: list | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     if argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(USAGE)
         return 0
     if argv[0] == "--version":
         from shim import __version__

@@ -10,18 +10,16 @@ heavy upstream module is being imported anyway.
 """
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
-from types import ModuleType
-from typing import Callable
 
-_lock = threading.RLock()
+_lock = _thread.RLock()  # ``_thread``, not ``threading``/``typing``: start-up pays for every import
 _hooks: dict = {}
 _busy: set = set()
 _finder = None
 
 
-def register(name: str, hook: Callable[[ModuleType], None]) -> None:
+def register(name: str, hook: "Callable[[ModuleType], None]") -> None:
     """Call ``hook(module)`` once ``name`` is imported (at once if it already is)."""
     global _finder
     with _lock:
@@ -35,7 +33,7 @@ def register(name: str, hook: Callable[[ModuleType], None]) -> None:
     hook(module)
 
 
-def _fire(name: str, module: ModuleType) -> None:
+def _fire(name: str, module: "ModuleType") -> None:
     with _lock:
         hooks = _hooks.pop(name, [])
     for hook in hooks:
@@ -43,15 +41,23 @@ def _fire(name: str, module: ModuleType) -> None:
 
 
 class _Loader:
-    """Runs the real loader, puts it back on the module, then fires the hooks."""
+    """Runs the real loader, puts it back on the module, then fires the hooks.
+
+    Every other attribute (``get_code``, ``is_package``, ``get_resource_reader``,
+    ``get_filename``, ...) is the wrapped loader's, as wrapt's
+    ``_ImportHookChainedLoader`` does: ``runpy`` and ``importlib.resources`` ask
+    the spec's loader for them before the module is imported."""
 
     def __init__(self, loader):
         self.loader = loader
 
+    def __getattr__(self, name):
+        return getattr(self.__dict__["loader"], name)
+
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         try:
             module.__loader__ = self.loader
             if getattr(module, "__spec__", None) is not None:

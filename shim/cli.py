@@ -7,7 +7,7 @@ import os
 import sys
 import sysconfig
 
-from shim import config, patching
+from shim import config, patching, registry
 from shim.versions import installed, in_range
 
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
@@ -39,19 +39,20 @@ def status(argv: list) -> int:
     import shim
 
     try:
-        config.validate([p.id for p in patching.all_patches()])
+        config.validate()
     except config.ConfigError as exc:
         return _fail(str(exc))
     shim.activate()
-    if "--import" in argv:
-        for patch in patching.all_patches():
+    patches = registry.all_patches()
+    if "--import" in argv and shim.is_active():
+        for patch in patches:
             if installed(patch.distribution) is None:
                 continue
             try:
                 importlib.import_module(patch.module)
             except Exception as exc:  # the row says why the hook never ran
                 patching._decide(patch, patching.STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
-    rows = patching.status_rows()
+    rows = patching.status_rows(patches)
     if "--json" in argv:
         print(json.dumps([{k: r[k] for k in ("id", "distribution", "installed", "affected", "decision", "reason")} for r in rows], indent=2))
         return 0
@@ -92,26 +93,67 @@ def doctor(argv: list) -> int:
         print(f"  {var:<24} {value if value is not None else 'unset'}{'  <- expandable segments ON' if on else ''}")
     try:
         off_all = config.disabled()
-        off = config.disabled_patches([p.id for p in patching.all_patches()])
+        off, unknown = config.disabled_patches(registry.ids(), registry.removed())
     except config.ConfigError as exc:
         return _fail(str(exc))
+    if unknown:
+        print(f"  note: {config.SHIM_DISABLED_PATCHES} names unknown id(s) {', '.join(unknown)} (ignored)")
+    foreign = _foreign_shim()
+    if foreign:
+        print(f"WARNING: in {os.getcwd()} `import shim` resolves to {foreign}, not this package; "
+              f"launch with `vllm-sleep-shim ...` and rename that file")
+    always_on = _always_on()
+    print(f"activation:  {always_on or 'not always on here (no vllm_sleep_shim.pth in ' + _site_packages() + ')'}")
     print("known bugs:")
-    unhandled = []
-    for patch in patching.all_patches():
+    unhandled, manual = [], []
+    for patch in registry.all_patches():
         version = installed(patch.distribution)
         if version is None or not in_range(version, patch.affected):
             print(f"  {patch.issue:<28} not affected ({patch.distribution} {version or 'not installed'})")
             continue
         if off_all or patch.id in off:
             unhandled.append(patch)
-            print(f"  {patch.issue:<28} AFFECTED ({patch.distribution} {version}); patch {patch.id} is disabled")
+            why = config.SHIM_DISABLED if off_all else f"patch {patch.id} is disabled"
+            print(f"  {patch.issue:<28} AFFECTED ({patch.distribution} {version}); {why}")
+        elif always_on:
+            print(f"  {patch.issue:<28} affected ({patch.distribution} {version}); fixed by patch {patch.id} (always on)")
         else:
-            print(f"  {patch.issue:<28} affected ({patch.distribution} {version}); fixed by patch {patch.id} when the shim is active")
-    if unhandled:
-        print(f"doctor: {len(unhandled)} known bug(s) not handled: {', '.join(p.issue for p in unhandled)}")
+            manual.append(patch)
+            print(f"  {patch.issue:<28} AFFECTED ({patch.distribution} {version}); fixed by patch {patch.id} only in "
+                  f"processes started with `vllm-sleep-shim CMD` / `python -m shim CMD` or that `import shim.auto`")
+    if unhandled or manual:
+        bad = unhandled + manual
+        print(f"doctor: {len(bad)} known bug(s) affect this environment and are not fixed in every process: "
+              f"{', '.join(dict.fromkeys(p.issue for p in bad))}")
+        if manual and not unhandled:
+            print("doctor: start training through the shim, or make it always on with `python -m shim install`")
         return 1
     print("doctor: nothing known-bad left unhandled")
     return 0
+
+
+def _always_on() -> str:
+    """How the shim reaches every interpreter here, or '' (the .pth start-up line, or this process
+    started under the launcher's bootstrap)."""
+    pth = os.path.join(_site_packages(), PTH_NAME + ".pth")
+    if os.path.exists(pth):
+        return f"always on ({pth})"
+    return ""
+
+
+def _foreign_shim() -> "str | None":
+    """Where ``import shim`` goes for a script started in the working directory, when that is not
+    this package (a ``shim.py`` or ``shim/`` beside the user's training script shadows it)."""
+    import importlib.machinery
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.machinery.PathFinder.find_spec("shim", [os.getcwd()] + sys.path[1:])
+    if spec is None or spec.origin is None:
+        return None
+    origin = os.path.realpath(spec.origin)
+    if os.path.dirname(origin) == os.path.realpath(here):
+        return None
+    return origin
 
 
 def _site_packages() -> str:

@@ -15,7 +15,8 @@ SHIM_DISABLED = "SHIM_DISABLED"
 
 SHIM_DISABLED_PATCHES = "SHIM_DISABLED_PATCHES"
 """Comma-separated patch ids (see ``python -m shim status``) to leave off, or
-``*`` for all of them. Unknown ids are an error."""
+``*`` for all of them. An unknown id is one WARNING naming it and the valid ids;
+the other patches stay on."""
 
 SHIM_STRICT = "SHIM_STRICT"
 """Boolean. True makes a patch that fails to apply, an ineffective sleep that
@@ -66,24 +67,22 @@ def trace_path() -> str | None:
     return os.environ.get(SHIM_TRACE, "").strip() or None
 
 
-def disabled_patches(known: "list[str] | tuple[str, ...]") -> frozenset:
-    """Ids of the patches switched off by SHIM_DISABLED_PATCHES (all for ``*``)."""
+def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
+    """``(ids switched off, unknown ids)`` from SHIM_DISABLED_PATCHES (``*``: all of ``known``).
+
+    An id that is neither ``known`` nor ``removed`` (a patch deleted on schedule) is returned in
+    the second list for ONE warning; it never turns the shim off (patches are deleted on
+    schedule, and a user who once disabled one must keep every other fix after an upgrade)."""
     raw = os.environ.get(SHIM_DISABLED_PATCHES, "")
     items = [x.strip() for x in raw.split(",") if x.strip()]
-    if items == ["*"]:
-        return frozenset(known)
-    unknown = [x for x in items if x not in known]
-    if unknown or "*" in items:
-        raise ConfigError(
-            f"{SHIM_DISABLED_PATCHES}={raw!r} is not valid; accepted: '*' or a comma list of "
-            f"{', '.join(known)}"
-        )
-    return frozenset(items)
+    if "*" in items:
+        return frozenset(known), []
+    unknown = [x for x in items if x not in known and x not in removed]
+    return frozenset(x for x in items if x in known), unknown
 
 
-def validate(known: "list[str] | tuple[str, ...]") -> None:
-    """Raise ConfigError for the first switch with a bad value."""
+def validate() -> None:
+    """Raise ConfigError for the first boolean switch with a bad value."""
     disabled()
     strict()
     debug()
-    disabled_patches(known)

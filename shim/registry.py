@@ -82,3 +82,18 @@ def all_patches() -> list:
         for patch in load_module(module):
             by_id[patch.id] = patch
     return [by_id[i] for i in ids() if i in by_id]
+
+
+def load_patch(patch_id: str, module: str):
+    """The ``Patch`` record ``patch_id`` of patch module ``module``."""
+    for patch in load_module(module):
+        if patch.id == patch_id:
+            return patch
+    raise LookupError(f"{PACKAGE}.{module} exports no patch {patch_id!r}")
+
+
+def entries() -> list:
+    """One ``shim.patching.Entry`` per INDEX row: id and hooked module now, the record on first use."""
+    from shim.patching import Entry
+
+    return [Entry(pid, target, lambda pid=pid, module=module: load_patch(pid, module)) for pid, module, target in index()]

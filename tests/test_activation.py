@@ -40,8 +40,10 @@ def test_run_reaches_child_and_grandchild():
 
 def test_run_chains_user_sitecustomize():
     env = clean_env(PYTHONPATH=str(DATA / "user_site"))
-    proc = shim_run([sys.executable, "-c", "import os, shim; print(shim.is_active(), os.environ.get('USER_SITECUSTOMIZE_RAN'))"], env=env)
-    assert proc.stdout.strip() == "True 1", proc.stderr
+    # evidence from inside the child: its own pid, set by the user's file in that process
+    proc = shim_run([sys.executable, "-c", "import os, sys, shim; "
+                     "print(shim.is_active(), getattr(sys, 'user_sitecustomize_pid', None) == os.getpid())"], env=env)
+    assert proc.stdout.strip() == "True True", proc.stderr
 
 
 def test_run_python_dash_S_disables():
@@ -63,9 +65,73 @@ def test_run_no_command_usage_exit_2():
 
 
 def test_run_bad_switch_exit_2_nothing_started():
-    proc = shim_run(["--disable", "nope", sys.executable, "-c", "print('started')"])
+    proc = shim_run(["--strict", sys.executable, "-c", "print('started')"], env=clean_env(SHIM_DEBUG="maybe"))
     assert proc.returncode == 2 and "started" not in proc.stdout
-    assert proc.stderr.count("\n") == 1 and "SHIM_DISABLED_PATCHES" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "SHIM_DEBUG" in proc.stderr
+
+
+def test_run_unknown_disabled_id_warns_and_runs():
+    code = "import shim; from shim import patching; print(shim.is_active(), patching.decisions()['trl-stale-weights'].decision)"
+    proc = shim_run(["--disable", "nope", sys.executable, "-c", code])
+    assert proc.returncode == 0 and proc.stdout.strip() == "True waiting", proc.stderr
+    assert "nope" in proc.stderr and "trl-stale-weights" in proc.stderr  # names it and the valid ids
+
+
+def test_python_OO_launcher_and_auto(tmp_path):
+    env = clean_env(PYTHONPATH=str(REPO))
+    help_ = subprocess.run([sys.executable, "-OO", "-m", "shim", "--help"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert help_.returncode == 0 and "COMMAND" in help_.stdout, help_.stderr
+    proc = subprocess.run([sys.executable, "-OO", "-m", "shim", sys.executable, "-OO", "-c", "import shim; print(shim.is_active())"],
+                          env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
+    status = subprocess.run([sys.executable, "-OO", "-m", "shim", "status"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert status.returncode == 0 and "trl-stale-weights" in status.stdout, status.stderr
+
+
+def test_user_patches_package_beside_the_script(tmp_path):
+    """A training repo with its own ``patches/`` package (and a ``patches.py`` elsewhere on the path):
+    the shim works, and the user's ``import patches`` gets the user's, also after activation."""
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "__init__.py").write_text("MINE = True\nALL = 'not a list of patches'\n")
+    (tmp_path / "train.py").write_text(
+        "import json, shim.auto, shim\nimport patches\nfrom shim import registry\n"
+        "print(json.dumps({'active': shim.is_active(), 'mine': getattr(patches, 'MINE', False),"
+        " 'ids': len(registry.all_patches())}))\n")
+    env = clean_env(PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "train.py"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["active"] and out["mine"] and out["ids"] >= 15
+    launched = subprocess.run([sys.executable, "-m", "shim", sys.executable, "train.py"], env=env, capture_output=True,
+                              text=True, cwd=tmp_path)
+    assert launched.returncode == 0 and json.loads(launched.stdout.strip().splitlines()[-1]) == out, launched.stderr
+
+
+def test_console_script_is_not_shadowed_by_a_shim_py(tmp_path):
+    """``python -m shim`` in a directory with a ``shim.py`` runs that file (Python puts the working
+    directory first); the ``vllm-sleep-shim`` console script and the bootstrap in the child do not."""
+    script = os.path.join(os.path.dirname(sys.executable), "vllm-sleep-shim")
+    assert os.path.exists(script), "tests need the package installed (pip install -e .)"
+    (tmp_path / "shim.py").write_text("print('USER SHIM.PY')\n")
+    code = "import shim; print(shim.is_active(), hasattr(shim, 'activate'))"
+    proc = subprocess.run([script, sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True True", proc.stdout + proc.stderr
+
+
+def test_status_when_disabled_says_so():
+    proc = shim_run(["status", "--json"], env=clean_env(SHIM_DISABLED="1"))
+    rows = json.loads(proc.stdout)
+    assert rows and all(r["decision"] == "disabled" and r["reason"] == "SHIM_DISABLED=1" for r in rows)
+
+
+def test_doctor_affected_trl_without_always_on_exits_1():
+    from tests.envs import trl_path
+
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(trl_path("1.9.2"))]))
+    proc = subprocess.run([sys.executable, "-m", "shim", "doctor"], env=env, capture_output=True, text=True, cwd=str(REPO))
+    assert proc.returncode == 1, proc.stdout
+    assert "huggingface/trl#5312" in proc.stdout and "AFFECTED" in proc.stdout and "not always on" in proc.stdout
 
 
 def test_run_reaches_every_torchrun_rank(tmp_path):

@@ -81,9 +81,97 @@ def test_remove_restores_original():
     assert out["out"] == "original:x" and out["wrapped"] == "function"
 
 
-@pytest.mark.parametrize("var,value", [("SHIM_STRICT", "maybe"), ("SHIM_DISABLED_PATCHES", "no-such-patch")])
-def test_bad_switch_one_line_and_inactive(var, value):
-    proc = run_python("import shim.auto, shim; print(shim.is_active())", env=clean_env(**{var: value}))
+def test_bad_flag_value_one_line_and_inactive():
+    proc = run_python("import shim.auto, shim; print(shim.is_active())", env=clean_env(SHIM_STRICT="maybe"))
     assert proc.stdout.strip() == "False"
     lines = [l for l in proc.stderr.splitlines() if "shim" in l]
-    assert len(lines) == 1 and var in lines[0] and "accepted" in lines[0]
+    assert len(lines) == 1 and "SHIM_STRICT" in lines[0] and "accepted" in lines[0]
+
+
+def test_unknown_disabled_id_warns_once_and_the_rest_keeps_working():
+    out, err = run("import toy_patches; from shim import patching, log; log.setup()\n"
+                   "patching.activate([toy_patches.OK, toy_patches.SECOND])",
+                   SHIM_DISABLED_PATCHES="no-such-patch,toy-second")
+    assert out["out"] == "patched:original:x"  # toy-ok applied, toy-second disabled
+    assert out["decisions"] == {"toy-ok": "applied", "toy-second": "disabled: listed in SHIM_DISABLED_PATCHES"}
+    warnings = [l for l in err.splitlines() if "WARNING" in l]
+    assert len(warnings) == 1 and "no-such-patch" in warnings[0] and "toy-ok, toy-second" in warnings[0]
+
+
+def test_removed_id_in_disable_list_is_silent():
+    out, err = run("import toy_patches; from shim import patching, log; log.setup()\n"
+                   "patching.activate([toy_patches.OK], known_removed={'toy-gone': 'removed in 0.2'})",
+                   SHIM_DISABLED_PATCHES="toy-gone")
+    assert out["decisions"] == {"toy-ok": "applied"} and "WARNING" not in err
+
+
+def test_real_registry_unknown_id_keeps_every_patch():
+    proc = run_python("import json, shim.auto, shim\nfrom shim import patching\n"
+                      "print(json.dumps({'active': shim.is_active(), 'n': len(patching.decisions()),"
+                      " 'waiting': sum(d.decision == 'waiting' for d in patching.decisions().values())}))",
+                      env=clean_env(SHIM_DISABLED_PATCHES="trl-removed-long-ago"))
+    out = last_json(proc)
+    assert out["active"] and out["n"] == out["waiting"] > 10
+    assert proc.stderr.count("WARNING") == 1 and "trl-removed-long-ago" in proc.stderr
+
+
+def test_strict_failure_before_activation_raises_after_every_patch_is_registered():
+    code = ("import json, toyup.core, toy_patches, shim\nfrom shim import patching\n"
+            "try:\n    patching.activate([toy_patches.BOOM, toy_patches.OK])\nexcept patching.PatchFailed as exc:\n"
+            "    raised = str(exc)\n"
+            "print(json.dumps({'raised': raised, 'again': patching.activate([toy_patches.BOOM, toy_patches.OK]),"
+            " 'decisions': {k: d.text() for k, d in patching.decisions().items()},"
+            " 'out': toyup.core.Engine().generate('x')}))")
+    out = last_json(run_python(code, path=PATH, env=clean_env(SHIM_STRICT="1")))
+    assert out["raised"].startswith("toy-boom: RuntimeError: boom inside the patch")
+    assert out["decisions"] == {"toy-boom": "failed: RuntimeError: boom inside the patch", "toy-ok": "applied"}
+    assert out["out"] == "patched:original:x" and out["again"] is True
+
+
+def test_probe_and_apply_run_outside_the_registry_lock():
+    out, _ = run("import toy_patches; from shim import patching; patching.activate([toy_patches.LOCK_PROBE])\n"
+                 "import toyup.core\nassert toy_patches.LOCK_SEEN == [False], toy_patches.LOCK_SEEN")
+    assert out["decisions"] == {"toy-lock": "applied"}
+
+
+@pytest.mark.parametrize("first", ["toy-ok", "toy-second"])
+def test_remove_from_a_stack_of_two_takes_out_only_its_own(first):
+    other = {"toy-ok": "toy-second", "toy-second": "toy-ok"}[first]
+    code = ("import json, toyup.core, toy_patches\nfrom shim import patching\n"
+            "patching.activate([toy_patches.OK, toy_patches.SECOND])\n"
+            "E = toyup.core.Engine\nbefore = E().generate('x')\n"
+            f"removed = patching.remove({first!r})\n"
+            "mid = {'out': E().generate('x'), 'markers': patching.markers(vars(E)['generate'])}\n"
+            f"patching.remove({other!r})\n"
+            "print(json.dumps({'before': before, 'removed': removed, 'mid': mid, 'after': E().generate('x'),"
+            " 'plain': type(vars(E)['generate']).__name__,"
+            " 'decisions': {k: d.text() for k, d in patching.decisions().items()}}))")
+    out = last_json(run_python(code, path=PATH))
+    assert out["before"] == "second:patched:original:x" and out["removed"] is True
+    assert out["mid"]["markers"] == [other]
+    assert out["mid"]["out"] == {"toy-ok": "patched:original:x", "toy-second": "second:original:x"}[other]
+    assert out["after"] == "original:x" and out["plain"] == "function"
+    assert out["decisions"] == {"toy-ok": "stand down: removed", "toy-second": "stand down: removed"}
+
+
+def test_remove_under_a_foreign_wrapper_keeps_the_foreign_one():
+    code = ("import json, wrapt, toyup.core, toy_patches\nfrom shim import patching\n"
+            "patching.activate([toy_patches.OK])\nE = toyup.core.Engine\n"
+            "wrapt.wrap_function_wrapper(E, 'generate', lambda w, i, a, k: 'user:' + w(*a, **k))\n"
+            "removed = patching.remove('toy-ok')\n"
+            "print(json.dumps({'removed': removed, 'out': E().generate('x'), 'markers': patching.markers(vars(E)['generate'])}))")
+    out = last_json(run_python(code, path=PATH))
+    assert out == {"removed": True, "out": "user:original:x", "markers": []}
+
+
+def test_hooked_loader_delegates_everything_runpy_and_resources_need():
+    code = ("import json, runpy, importlib.util, toy_patches\nfrom shim import patching\n"
+            "patching.activate([toy_patches.OK])\n"
+            "spec = importlib.util.find_spec('toyup.core')\n"
+            "loader = spec.loader\n"
+            "ns = runpy.run_module('toyup.core')\n"
+            "print(json.dumps({'loader': type(loader).__name__, 'package': loader.is_package('toyup.core'),"
+            " 'source': 'class Engine' in loader.get_source('toyup.core'), 'file': loader.get_filename('toyup.core').endswith('core.py'),"
+            " 'runpy': 'Engine' in ns}))")
+    out = last_json(run_python(code, path=PATH))
+    assert out == {"loader": "_Loader", "package": False, "source": True, "file": True, "runpy": True}

@@ -13,18 +13,36 @@ def _activate() -> None:
     import sys
 
     try:
-        import shim
-    except ImportError:  # running from a source tree: the package is two levels up
-        sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        try:
-            import shim
-        except ImportError as exc:
-            print(f"[shim] ERROR bootstrap cannot import shim ({exc}); shim not activated", file=sys.stderr)
-            return
+        shim = sys.modules.get("shim") or _own_shim(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    except Exception as exc:
+        print(f"[shim] ERROR bootstrap cannot import shim ({type(exc).__name__}: {exc}); shim not activated",
+              file=sys.stderr)
+        return
     try:
         shim.activate()
-    except Exception as exc:  # activate() does not raise; belt and braces for the user's start-up
+    except Exception as exc:  # activate() raises only under SHIM_STRICT=1: the user asked for it
+        if os.environ.get("SHIM_STRICT", "").strip().lower() in ("1", "true", "yes", "on"):
+            raise
         print(f"[shim] ERROR activation failed: {exc!r}", file=sys.stderr)
+
+
+def _own_shim(package_dir: str):
+    """The ``shim`` package this bootstrap belongs to (its parent directory), whatever else is
+    named ``shim`` on ``sys.path``: a user's ``shim.py`` must not take its place."""
+    import importlib.util
+    import os
+    import sys
+
+    spec = importlib.util.spec_from_file_location("shim", os.path.join(package_dir, "__init__.py"),
+                                                  submodule_search_locations=[package_dir])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shim"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["shim"]
+        raise
+    return module
 
 
 def _chain() -> None:

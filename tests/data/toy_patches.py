@@ -28,3 +28,26 @@ OK = make()
 OUT_OF_RANGE = make("old", affected=">=2.0")
 PROBE_FAILS = make("probe", probe=probe_changed)
 BOOM = make("boom", apply=apply_boom)
+
+
+def _generate_second(wrapped, instance, args, kwargs):
+    return "second:" + wrapped(*args, **kwargs)
+
+
+def apply_second(module, patcher):
+    patcher.wrap(module.Engine, "generate", _generate_second)
+
+
+LOCK_SEEN = []
+
+
+def probe_records_lock(module):
+    """Records whether the registry lock is held while a probe runs (it must not be)."""
+    from shim import patching
+
+    LOCK_SEEN.append(patching._registry.lock._is_owned())
+    return None
+
+
+SECOND = make("second", apply=apply_second)
+LOCK_PROBE = make("lock", probe=probe_records_lock)
