@@ -2,7 +2,8 @@
 
 Upstream: modelscope/ms-swift#6636 (first sleep frees 0.00 GiB on Ascend: the helper never looks at
           PYTORCH_NPU_ALLOC_CONF); the helper as of 4.6.0 (`swift/rlhf_trainers/utils.py`)
-Affects:  ms-swift >=3.10.0 colocate rollouts with --sleep_level > 0 (every release with the helper)
+Affects:  ms-swift >=3.10.0,<4.0.0 (swift-expandable-segments) and >=4.0.0 (-4x, -megatron, -ray):
+          colocate rollouts with --sleep_level > 0 (every release with the helper)
 Remove:   when ms-swift's helper covers every route and keeps the user's string
 
 ``set_expandable_segments(enable)`` (rollout ``utils``) decides once, at

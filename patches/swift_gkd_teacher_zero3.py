@@ -1,7 +1,8 @@
 """ms-swift GKD: a ZeRO-3 teacher is loaded whole on every rank under a non-ZeRO-3 student.
 
 Upstream: modelscope/ms-swift#6639 (OOM at 31% of the teacher checkpoint; workaround #6413)
-Affects:  ms-swift >=3.10.0 (3.10.1+ builds the real teacher class; 3.10.0 the student's)
+Affects:  ms-swift >=3.10.0,<4.0.0 (swift.llm.train.rlhf) and >=4.0.0 (-4x, swift.pipelines.train.rlhf);
+          3.10.1+ builds the real teacher class, 3.10.0 the student's;
           with --teacher_deepspeed zero3 and a --deepspeed that is not ZeRO-3 (zero0/1/2, none)
 Remove:   when ms-swift loads a ZeRO-3 teacher under its own config (the probe sees it)
 

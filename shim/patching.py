@@ -136,7 +136,8 @@ class Patcher:
         self.patch_id = patch_id
         self._undo: list = []
         self.changes: list = []
-        """``(owner, name)`` of every attribute this patch changed, in order."""
+        """``(owner, name, before)`` of every attribute this patch changed, in order; ``before`` is
+        the owner's own value before (``patching.MISSING`` where it had none)."""
         self.leftovers: list = []
         """What :meth:`undo` could not take out (someone else wrapped on top in a way that cannot be re-pointed)."""
 
@@ -157,57 +158,60 @@ class Patcher:
         proxy = wrapt.FunctionWrapper(current if own is _MISSING else own, wrapper)
         setattr(proxy, MARKER, self.patch_id)
         setattr(owner, name, proxy)
-        self.changes.append((owner, name))
-        self._undo.append(lambda: self._unwrap(owner, name, proxy, own))
+        self.changes.append((owner, name, own))
+        # below our layer: what it wraps (the inherited attribute where the owner had none of its own)
+        # what our layer wraps now (a stacked patch removed below us re-points it), or nothing of
+        # the owner's own where it had none (the inherited attribute shows through again)
+        self._undo.append(lambda: self._take_out(owner, name, proxy, _MISSING if own is _MISSING else proxy.__wrapped__,
+                                                 proxy.__wrapped__))
         return proxy
 
-    def _unwrap(self, owner, name: str, proxy, own) -> None:
-        """Take ``proxy`` out of the stack at ``owner.name``, wherever it is now."""
-        top = vars(owner).get(name, _MISSING)
-        if top is proxy:
-            if own is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, proxy.__wrapped__)
-            return
-        parent = top
-        for layer in _chain(top if top is not _MISSING else None):
-            if layer is proxy:
-                break
-            parent = layer
-        else:
-            return  # already gone (replaced by someone else): nothing of ours is left there
-        try:
-            parent.__wrapped__ = proxy.__wrapped__  # a wrapt proxy re-points; our layer drops out
-        except (AttributeError, TypeError):
-            self.leftovers.append(f"{getattr(owner, '__name__', owner)}.{name}")
-            return
-        if parent.__wrapped__ is not proxy.__wrapped__:
-            self.leftovers.append(f"{getattr(owner, '__name__', owner)}.{name}")
-
     def set(self, owner, name: str, value) -> None:
-        """Set ``owner.name = value``; undo puts the old one back (or deletes it) if ``value`` is
-        still there, and leaves a later replacement alone."""
+        """Set ``owner.name = value``; undo puts the old one back (or deletes it), also from under
+        wrappers put on top later, and leaves a later replacement alone."""
         own = vars(owner).get(name, _MISSING)
         setattr(owner, name, value)
-        self.changes.append((owner, name))
+        self.changes.append((owner, name, own))
+        self._undo.append(lambda: self._take_out(owner, name, value, own, own))
 
-        def undo() -> None:
-            if vars(owner).get(name, _MISSING) is not value:
-                return
+    def _take_out(self, owner, name: str, ours, own, below) -> None:
+        """Take our layer ``ours`` out of the stack at ``owner.name``, wherever it is now.
+
+        On top: the owner gets ``own`` back (deleted where that is MISSING).
+        Under another wrapper: that wrapper is re-pointed to ``below``. Gone (replaced by someone
+        else): nothing of ours is left there, nothing to do."""
+        top = vars(owner).get(name, _MISSING)
+        if top is ours:
             if own is _MISSING:
                 delattr(owner, name)
             else:
                 setattr(owner, name, own)
-
-        self._undo.append(undo)
+            return
+        parent = None
+        for layer in _chain(None if top is _MISSING else top):
+            if layer is ours:
+                break
+            parent = layer
+        else:
+            return
+        where = f"{getattr(owner, '__name__', owner)}.{name}"
+        if below is _MISSING:
+            self.leftovers.append(where)
+            return
+        try:
+            parent.__wrapped__ = below  # a wrapt proxy re-points: our layer drops out
+        except (AttributeError, TypeError):
+            self.leftovers.append(where)
+            return
+        if parent.__wrapped__ is not below:
+            self.leftovers.append(where)
 
     def undo(self) -> None:
         while self._undo:
             self._undo.pop()()
 
 
-_MISSING = object()
+_MISSING = MISSING = object()
 
 
 class _Registry:
@@ -371,7 +375,7 @@ def _strict() -> bool:
 
 
 def changes(patch_id: str) -> list:
-    """``(owner, name)`` pairs an applied patch changed (empty when not applied)."""
+    """``(owner, name, before)`` an applied patch changed (empty when not applied)."""
     patcher = _registry.patchers.get(patch_id)
     return list(patcher.changes) if patcher else []
 

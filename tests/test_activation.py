@@ -179,3 +179,32 @@ def test_install_uninstall_fresh_venv(tmp_path):
     assert out.returncode == 0 and "removed" in out.stdout
     assert subprocess.run(check, env=env, capture_output=True, text=True).stdout.strip() == "False"
     assert not os.path.exists(os.path.join(site, "vllm_sleep_shim.pth"))
+
+
+def test_built_wheel_installs_one_top_level_package(tmp_path):
+    """The wheel as users install it: only ``shim`` at top level, the patches inside it, and it
+    works from a directory holding the user's own ``patches`` package."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(REPO)], check=True, capture_output=True, text=True, timeout=600,
+                   env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"))
+    site = tmp_path / "site"
+    (wheel,) = wheels.glob("vllm_sleep_shim-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=600)
+    top = sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin")
+    assert top == ["shim"], top
+    work = tmp_path / "work"
+    (work / "patches").mkdir(parents=True)
+    (work / "patches" / "__init__.py").write_text("MINE = True\n")
+    import packaging, wrapt  # the runtime deps, from this environment
+    deps = [os.path.dirname(os.path.dirname(m.__file__)) for m in (packaging, wrapt)]
+    code = ("import json, shim.auto, shim, patches\nfrom shim import registry\n"
+            "print(json.dumps({'active': shim.is_active(), 'mine': getattr(patches, 'MINE', False),"
+            " 'from': registry.patch_module('trl_gold').__file__, 'n': len(registry.all_patches())}))")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(site), *deps]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["active"] and out["mine"] and out["n"] >= 15
+    assert out["from"] == str(site / "shim" / "patches" / "trl_gold.py")

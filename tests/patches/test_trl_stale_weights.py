@@ -1,0 +1,35 @@
+"""Contract of ``shim.patches.trl_stale_weights`` (generated: ``tests/support/contract.py``)."""
+from tests.support.contract import contract_tests
+
+test_contract, test_schema = contract_tests("trl_stale_weights")
+
+
+import pytest  # noqa: E402
+
+from tests.envs import trl_path  # noqa: E402
+from tests.helpers import clean_env, last_json, run_python  # noqa: E402
+from tests.trl_support import fake_site  # noqa: E402
+
+STANDS_DOWN = r'''
+import json, sys
+from shim import patching, registry
+entry = next(e for e in registry.entries() if e.id == "trl-stale-weights")
+patch = entry.load()
+if GATE == "probe":  # the range alone would let 1.10.0 in: only the probe can stand down
+    patch.affected = ">=0.28.0"
+patching.activate([entry])
+from trl.generation import vllm_generation as m
+print(json.dumps({"decision": patching.decisions()[patch.id].text(),
+                  "markers": {n: patching.markers(getattr(m.VLLMGeneration, n)) for n in ("generate", "sync_weights")}}))
+'''
+
+
+@pytest.mark.parametrize("gate", ["range", "probe"])
+def test_stands_down_on_the_fixed_release_by_behaviour(gate):
+    """TRL 1.10.0 has the upstream fix: nothing of the patch is installed, whether the version range or
+    (with the range widened on purpose) the probe is what stands it down."""
+    proc = run_python(f"GATE = {gate!r}\n" + STANDS_DOWN, path=[trl_path("1.10.0"), fake_site("0.24.0")],
+                      env=clean_env(FAKEVLLM_VERSION="0.24.0", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1"))
+    out = last_json(proc)
+    assert out["markers"] == {"generate": [], "sync_weights": []}, out
+    assert out["decision"].startswith("stand down"), out

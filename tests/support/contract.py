@@ -1,0 +1,189 @@
+"""The patch contract, generated for every registered patch (as ddtrace's ``PatchTestCase``).
+
+``contract_tests("<patch module>")`` returns the test functions for one patch module; each
+``tests/patches/test_<module>.py`` binds them. Every case runs in its own process
+(``contract_child.py`` imports torch and transformers once, then forks one process per case,
+before anything of the shim or the patched upstream module is imported) against a REAL
+upstream release that the patch affects (the TRL
+releases of ``tests/envs.py``, the ms-swift venvs of ``tests/swift_envs.py``, the vLLM
+stand-in for vLLM's GPU engine):
+
+- ``before``: activate before the upstream import, then activate twice: applied, wrapped once;
+- ``after``: activate after the import; ``remove`` takes out only this patch's layer from a
+  stack of two and leaves the exact original objects;
+- ``out_of_range``: stands down, nothing changed;
+- ``shape``: the names it patches deleted upstream: stands down (probe), nothing changed;
+- ``apply_raises``: failed, rolled back to the identical objects, the import goes on.
+
+Plus, in process: the module's docstring schema (``Upstream:``/``Affects:``/``Remove:``) agrees
+with each record, and the registry row agrees with the record.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from tests.helpers import REPO, clean_env
+
+CHILD = REPO / "tests" / "support" / "contract_child.py"
+CASES = ("before", "after", "out_of_range", "shape", "apply_raises")
+
+# patch id -> (kind, release): where its upstream module is importable at an affected release.
+TARGETS = {
+    "trl-stale-weights": ("trl", "1.9.2"),
+    "trl-grpo-level2-resync": ("trl", "0.27.2"),
+    "trl-rloo-level2-resync": ("trl", "0.27.2"),
+    "trl-online-dpo-resync": ("trl", "1.9.2"),
+    "trl-gold-weights-asleep": ("trl", "0.29.1"),
+    "swift-level2-resync": ("swift", "3.10.1"),
+    "swift-expandable-segments": ("swift", "3.10.1"),
+    "swift-expandable-segments-4x": ("swift", "4.6.0"),
+    "swift-expandable-segments-megatron": ("swift-megatron", "4.6.0"),
+    "swift-expandable-segments-ray": ("swift-megatron", "4.6.0"),
+    "swift-gkd-teacher-zero3": ("swift", "3.10.1"),
+    "swift-gkd-teacher-zero3-4x": ("swift", "4.6.0"),
+    "vllm-sleep-guard": ("vllm", "0.24.0"),
+    "vllm-sleep-check": ("vllm", "0.24.0"),
+    "vllm-llm-sleep-check": ("vllm", "0.24.0"),
+}
+
+
+def _environment(kind: str, release: str):
+    env = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                    HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    from tests.trl_support import fake_site, vllm_for
+
+    if kind == "trl":
+        from tests.envs import trl_path
+
+        python, vllm = sys.executable, vllm_for(release)
+        path = [trl_path(release), fake_site(vllm)]
+    elif kind.startswith("swift"):
+        from tests.swift_envs import swift_python
+
+        python, vllm = str(swift_python(release)), vllm_for(release)
+        path = [fake_site(vllm)]
+    else:
+        python, vllm = sys.executable, release
+        path = [fake_site(release)]
+    env["FAKEVLLM_VERSION"] = vllm
+    env["PYTHONPATH"] = os.pathsep.join([str(p) for p in path] + [str(REPO)])
+    return python, env
+
+
+@functools.lru_cache(maxsize=None)
+def module_results(module_name: str) -> dict:
+    """``{(patch id, case): result dict or traceback str}`` for every case of a patch module,
+    one interpreter per (kind, release) of its patches."""
+    from shim import registry
+
+    groups = {}
+    for pid in [row[0] for row in registry.index() if row[1] == module_name]:
+        groups.setdefault(TARGETS[pid], []).append(pid)
+    results = {}
+    for (kind, release), pids in groups.items():
+        python, env = _environment(kind, release)
+        with tempfile.TemporaryDirectory(prefix="contract-") as out:
+            args = [f"{pid}:{case}" for pid in pids for case in CASES]
+            extra = ["--megatron"] if kind == "swift-megatron" else []
+            proc = subprocess.run([python, str(CHILD), out, *extra, *args], env=env, capture_output=True, text=True,
+                                  timeout=1200, cwd=str(REPO))
+            for arg in args:
+                pid, case = arg.split(":")
+                ok, err = os.path.join(out, arg + ".json"), os.path.join(out, arg + ".err")
+                if os.path.exists(ok):
+                    with open(ok) as f:
+                        results[pid, case] = json.load(f)
+                elif os.path.exists(err):
+                    with open(err) as f:
+                        results[pid, case] = f.read()
+                else:
+                    results[pid, case] = f"no result (exit {proc.returncode})\nSTDERR:\n{proc.stderr[-4000:]}"
+    return results
+
+
+def run_case(patch_id: str, case: str) -> dict:
+    from shim import registry
+
+    module = next(row[1] for row in registry.index() if row[0] == patch_id)
+    out = module_results(module)[patch_id, case]
+    if isinstance(out, str):
+        raise AssertionError(f"{patch_id} {case}:\n{out}")
+    return out
+
+
+def check_case(patch_id: str, case: str) -> None:
+    out = run_case(patch_id, case)
+    if case == "before":
+        assert out["decision"] == "applied" and out["again"] is True, out
+        assert out["changes"], f"{patch_id} applied but changed nothing"
+        for change in out["changes"]:
+            assert change["markers"].count(patch_id) <= 1, change  # wrapped once
+    elif case == "after":
+        assert out["decision"] == "applied", out
+        assert out["removed"] is True and out["status"] == "stand down: removed", out
+        for change in out["after_remove"]:
+            assert patch_id not in change["markers"], change
+        assert out["other_reaches_original"], out
+        assert out["exact"], out
+    elif case in ("out_of_range", "shape"):
+        assert out["decision"] == "stand down", out
+        assert out["changes"] == [], out
+        if case == "shape":
+            assert out["deleted"], out
+    elif case == "apply_raises":
+        assert out["decision"] == "failed" and "contract: apply fails" in out["reason"], out
+        assert out["made"] > 0 and out["exact"] and out["markers_left"] == [], out
+
+
+_SCHEMA = re.compile(r"^(Upstream|Affects|Remove):", re.M)
+
+
+def check_schema(module_name: str) -> None:
+    from shim import registry
+
+    module = registry.patch_module(module_name)
+    doc = module.__doc__ or ""
+    fields = {}
+    for block in re.split(r"\n(?=(?:Upstream|Affects|Remove):)", doc):
+        match = _SCHEMA.match(block)
+        if match:
+            fields[match.group(1)] = block.split("\n\n")[0]
+    assert set(fields) == {"Upstream", "Affects", "Remove"}, f"{module_name}: docstring lacks {set(_SCHEMA.pattern) and ({'Upstream', 'Affects', 'Remove'} - set(fields))}"
+    assert doc.splitlines()[0].strip(), f"{module_name}: no summary line"
+    rows = [row for row in registry.index() if row[1] == module_name]
+    patches = module.PATCHES
+    assert isinstance(patches, list) and patches, f"{module_name}: PATCHES must be a non-empty list"
+    assert [(p.id, p.module) for p in patches] == [(r[0], r[2]) for r in rows], \
+        f"{module_name}: INDEX rows {rows} do not match PATCHES {patches}"
+    for patch in patches:
+        assert patch.distribution.split("-")[-1] in fields["Affects"], (patch.id, fields["Affects"])
+        for version in re.findall(r"\d+(?:\.\d+)+", patch.affected):
+            assert version in fields["Affects"], f"{patch.id}: range {patch.affected} not in the docstring's Affects"
+        if re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", patch.issue):
+            assert patch.issue in fields["Upstream"], f"{patch.id}: {patch.issue} not in the docstring's Upstream"
+
+
+def contract_tests(module_name: str):
+    """``(test_contract, test_schema)`` for the patches of ``shim.patches.<module_name>``."""
+    from shim import registry
+
+    ids = [row[0] for row in registry.index() if row[1] == module_name]
+
+    @pytest.mark.xdist_group(f"contract-{module_name}")  # one worker runs a module's batch (--dist loadgroup)
+    @pytest.mark.parametrize("case", CASES)
+    @pytest.mark.parametrize("patch_id", ids)
+    def test_contract(patch_id, case):
+        check_case(patch_id, case)
+
+    def test_schema():
+        check_schema(module_name)
+
+    return test_contract, test_schema

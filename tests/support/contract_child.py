@@ -1,0 +1,162 @@
+"""The cases of the patch contract, each in a fresh process (``tests/support/contract.py`` starts it).
+
+    python contract_child.py OUT_DIR [--megatron] PATCH_ID:CASE ...
+
+The interpreter imports the heavy third-party libraries the upstream module needs (torch,
+transformers; never the patched distribution, the shim or the upstream module itself), then
+FORKS one process per case: each case starts from that state with no shim imported, runs, and
+writes one JSON file ``OUT_DIR/<PATCH_ID>:<CASE>.json`` (the decision and what the patch left on
+the upstream objects) or ``....err`` with the traceback. Cases:
+
+- ``before``: activate, then import the upstream module, activate again and fire the hook
+  again: applied once, each changed attribute carries exactly one wrapper of this patch.
+- ``after``: import, then activate: applied; a second (foreign) wrapper put on top of each
+  changed attribute; ``remove`` takes out only this patch's layer (the other one stays and
+  still reaches the original); undoing the other one leaves exactly the original objects.
+- ``out_of_range``: the installed version reported as 0.0.1: stands down, nothing changed.
+- ``shape``: every attribute the patch changes is deleted from upstream first: stands down
+  (the probe sees it), nothing changed.
+- ``apply_raises``: ``apply`` raises after it made its changes: decision ``failed``, every
+  change rolled back to the identical objects, the user's import goes on.
+"""
+import json
+import sys
+import types
+
+
+def mcore_bridge_standin():
+    """The names swift.megatron imports from mcore_bridge (the real one needs transformer_engine)."""
+    mb = types.ModuleType("mcore_bridge")
+    mb.__path__ = []
+    mb.__version__ = "0+cpu-standin"
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("mcore_bridge stand-in")
+
+    for name in ("get_mcore_model", "hf_to_mcore_config", "set_random_seed", "split_cp_inputs", "unwrap_model"):
+        setattr(mb, name, unavailable)
+    for name in ("ModelConfig", "GPTBridge", "LoraParallelLinear"):
+        setattr(mb, name, type(name, (), {}))
+    sys.modules["mcore_bridge"] = mb
+
+
+def run_case(pid, case):
+    import importlib
+
+    from shim import patching, registry, versions
+
+    entry = next(e for e in registry.entries() if e.id == pid)
+    patch = entry.load()
+    out = {"case": case}
+
+    def owned(owner, name):
+        return vars(owner).get(name, patching.MISSING)
+
+    def describe(changes):
+        return [{"owner": getattr(o, "__qualname__", getattr(o, "__name__", repr(o))), "name": n,
+                 "markers": patching.markers(getattr(o, n, None))} for o, n, _ in changes]
+
+    if case == "before":
+        patching.activate([entry])
+        module = importlib.import_module(entry.module)
+        out["again"] = patching.activate([entry])
+        patching._on_import(entry, module)
+        out["decision"] = patching.decisions()[pid].decision
+        out["changes"] = describe(patching.changes(pid))
+    elif case == "after":
+        module = importlib.import_module(entry.module)
+        patching.activate([entry])
+        out["decision"] = patching.decisions()[pid].decision
+        changes = patching.changes(pid)
+        out["changes"] = describe(changes)
+        other = patching.Patcher("contract-other")
+        for owner, name, _ in changes:
+            if callable(getattr(owner, name)):
+                other.wrap(owner, name, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+        out["removed"] = patching.remove(pid)
+        out["after_remove"] = describe(changes)
+        out["other_reaches_original"] = all(owned(o, n).__wrapped__ is before for o, n, before in changes
+                                            if before is not patching.MISSING
+                                            and patching.markers(owned(o, n)) == ["contract-other"])
+        other.undo()
+        out["exact"] = all(owned(o, n) is before for o, n, before in changes)
+        out["status"] = patching.decisions()[pid].text()
+    elif case == "out_of_range":
+        versions.installed = lambda distribution: "0.0.1"
+        patching.activate([entry])
+        importlib.import_module(entry.module)
+        d = patching.decisions()[pid]
+        out["decision"], out["reason"] = d.decision, d.reason
+        out["changes"] = describe(patching.changes(pid))
+    elif case == "shape":
+        module = importlib.import_module(entry.module)
+        probe = patching.Patcher(pid)
+        patch.apply(module, probe)  # learn what it changes, then undo and take those names away
+        changed = [(o, n) for o, n, _ in probe.changes]
+        probe.undo()
+        out["deleted"] = []
+        for owner, name in dict.fromkeys(changed):
+            if name in vars(owner):
+                delattr(owner, name)
+                out["deleted"].append(f"{getattr(owner, '__name__', owner)}.{name}")
+        patching.activate([entry])
+        d = patching.decisions()[pid]
+        out["decision"], out["reason"] = d.decision, d.reason
+        out["changes"] = describe(patching.changes(pid))
+    elif case == "apply_raises":
+        seen = []
+        original = patch.apply
+
+        def failing(module, patcher):
+            original(module, patcher)
+            seen.extend(patcher.changes)
+            raise RuntimeError("contract: apply fails after its changes")
+
+        patch.apply = failing
+        patching.activate([entry])
+        importlib.import_module(entry.module)
+        d = patching.decisions()[pid]
+        out["decision"], out["reason"] = d.decision, d.reason
+        out["made"] = len(seen)
+        out["exact"] = all(owned(o, n) is before for o, n, before in seen)
+        out["markers_left"] = [m for o, n, _ in seen for m in patching.markers(getattr(o, n, None))]
+    return out
+
+
+PRELOAD = ("torch", "transformers")
+
+
+def main():
+    import importlib
+    import os
+    import traceback
+
+    out_dir, args = sys.argv[1], sys.argv[2:]
+    if "--megatron" in args:
+        args.remove("--megatron")
+        mcore_bridge_standin()
+    for name in PRELOAD:  # the expensive part, paid once; nothing of the shim or the patched code
+        importlib.import_module(name)
+    assert not any(m == "shim" or m.startswith("shim.") for m in sys.modules)
+    for arg in args:
+        pid, case = arg.split(":")
+        pid_ = os.fork()
+        if pid_ == 0:
+            code = 0
+            try:
+                result = run_case(pid, case)
+                with open(os.path.join(out_dir, f"{arg}.json"), "w") as f:
+                    json.dump(result, f)
+            except BaseException:
+                code = 1
+                with open(os.path.join(out_dir, f"{arg}.err"), "w") as f:
+                    f.write(traceback.format_exc())
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.waitpid(pid_, 0)
+
+
+if __name__ == "__main__":
+    main()
