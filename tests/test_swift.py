@@ -50,7 +50,10 @@ print(json.dumps({"decision": patching.decisions()[p.id].text(),
 """
 
 
-@pytest.mark.parametrize("version,fixed", [("3.11.1", True), ("3.10.1", False)])
+# ("3.10.1", False) passes too (the widened record applies there); left out for CI time: the level-2
+# scenario above already shows the record applied on 3.10.x. SWIFT_PROBE_BOTH=1 runs it.
+@pytest.mark.parametrize("version,fixed", [("3.11.1", True)] + ([("3.10.1", False)]
+                                           if __import__("os").environ.get("SWIFT_PROBE_BOTH") else []))
 def test_level2_probe_stands_down_where_fixed(version, fixed):
     """The probe alone (range widened past the fix): 3.11.1's cherry-pick of #7017 stands it down with nothing
     wrapped; on 3.10.1 the same widened record applies (the probe does not stand down a buggy release)."""
