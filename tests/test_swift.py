@@ -5,6 +5,8 @@ sampling); the trainer's weights change between steps. Shim off must show the
 release's bug (asserted), shim on must hold: at every generate the engine's
 weights equal the trainer's.
 """
+import os
+
 import pytest
 
 from tests.swift_support import run_swift
@@ -53,7 +55,7 @@ print(json.dumps({"decision": patching.decisions()[p.id].text(),
 # ("3.10.1", False) passes too (the widened record applies there); left out for CI time: the level-2
 # scenario above already shows the record applied on 3.10.x. SWIFT_PROBE_BOTH=1 runs it.
 @pytest.mark.parametrize("version,fixed", [("3.11.1", True)] + ([("3.10.1", False)]
-                                           if __import__("os").environ.get("SWIFT_PROBE_BOTH") else []))
+                                           if os.environ.get("SWIFT_PROBE_BOTH") else []))
 def test_level2_probe_stands_down_where_fixed(version, fixed):
     """The probe alone (range widened past the fix): 3.11.1's cherry-pick of #7017 stands it down with nothing
     wrapped; on 3.10.1 the same widened record applies (the probe does not stand down a buggy release)."""
