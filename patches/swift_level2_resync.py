@@ -1,56 +1,98 @@
-"""ms-swift 3.10-3.11 rollouts generate from discarded weights after a level-2 sleep.
+"""ms-swift 3.2.1-3.11.0 rollouts generate from discarded weights after a level-2 sleep.
 
-Upstream: modelscope/ms-swift, no issue filed; fixed in 3.12.0 (`or args.sleep_level == 2` in `_fast_infer`
-          and in `_move_model_to_vllm`'s full-push condition)
-Affects:  ms-swift >=3.10.0,<3.12.0 colocate rollouts with --sleep_level 2
-Remove:   when the shim's minimum supported ms-swift is >=3.12.0
+Upstream: modelscope/ms-swift, no issue filed; fixed by PR #7017 in 3.12.0 and cherry-picked to 3.11.1
+          (`or args.sleep_level == 2` in `_fast_infer` and in `_move_model_to_vllm`'s full-push condition)
+Affects:  ms-swift >=3.2.1,<3.11.1 colocate rollouts with --sleep_level 2 (3.2.1-3.9.x: GRPOTrainer._fast_infer;
+          3.10.0-3.11.0: RolloutTrainerMixin._fast_infer)
+Remove:   when the shim's minimum supported ms-swift is >=3.11.1
 
-``RolloutTrainerMixin._fast_infer`` wakes the weights and pushes the trained
-weights only when ``global_step != _last_loaded_step``; with LoRA it pushes
-only the adapter once the base was synced. After ``sleep(level=2)`` the
+``_fast_infer`` wakes the weights and pushes the trained weights only when
+``global_step != _last_loaded_step``; 3.10-3.11.0 with LoRA (``vllm_enable_lora``)
+push only the adapter once the base was synced. After ``sleep(level=2)`` the
 weights are discarded, so a second rollout in the same step (GKD per
-micro-batch, GRPO dynamic sampling, evaluation) and every LoRA rollout
-generate from undefined memory. The shim does what 3.12 does: after a level-2
-sleep, the next ``_fast_infer`` pushes the full weights.
+micro-batch, GRPO dynamic sampling, evaluation) and every LoRA rollout generate
+from undefined memory. Colocate ``sleep_level`` first appears in 3.2.1 (3.2.0 has
+none), inside ``GRPOTrainer._fast_infer``; 3.10.0 moved it to the rollout mixin.
+The shim does what 3.11.1/3.12 do: after a level-2 sleep, the next ``_fast_infer``
+pushes the full weights. Both records stand down by probe where ``_fast_infer``
+already pushes after ``sleep_level == 2``.
 """
 from shim.patching import Patch
+
+_FIXED = "sleep_level == 2"
 
 
 def _fast_infer(wrapped, instance, args, kwargs):
     train_args = getattr(instance, "args", None)
-    if (getattr(instance, "vllm_mode", None) == "colocate" and getattr(train_args, "sleep_level", 0) == 2
-            and getattr(instance.engine.inner_model_executor, "is_sleeping", False)):
+    executor = getattr(getattr(instance, "engine", None), "inner_model_executor", None)
+    # 3.2.1-3.4.x have no vllm_mode (colocate is the only mode with a local engine that sleeps)
+    if (getattr(instance, "vllm_mode", "colocate") == "colocate" and getattr(train_args, "sleep_level", 0) == 2
+            and getattr(executor, "is_sleeping", False)):
         instance._last_loaded_step = None  # never equal to global_step: the push runs
-        instance.base_sync_done = False  # LoRA: the base weights were discarded too
+        if hasattr(instance, "base_sync_done"):  # 3.10+: with vllm_enable_lora the base was discarded too
+            instance.base_sync_done = False
     return wrapped(*args, **kwargs)
 
 
-def probe(module):
+def _probe_class(cls, name: str, own: bool):
     import inspect
 
-    cls = getattr(module, "RolloutTrainerMixin", None)
-    if cls is None or not hasattr(cls, "_fast_infer") or not hasattr(cls, "_move_model_to_vllm"):
-        return "upstream shape changed: RolloutTrainerMixin._fast_infer/_move_model_to_vllm not found"
-    if "sleep_level == 2" in inspect.getsource(cls._fast_infer):
-        return "fixed upstream (_fast_infer pushes after sleep_level == 2)"
+    fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
+    if fast is None or not any(hasattr(cls, m) for m in ("_move_model_to_vllm", "_move_model_to_vllm_lmdeploy")):
+        return f"upstream shape changed: {name}._fast_infer/_move_model_to_vllm not found"
+    source = inspect.getsource(fast)
+    if "_last_loaded_step" not in source:
+        return f"upstream shape changed: {name}._fast_infer does not gate the push on _last_loaded_step"
+    if _FIXED in source:
+        return f"fixed upstream ({name}._fast_infer pushes after sleep_level == 2)"
     return None
+
+
+def probe(module):
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    if cls is None:
+        return "upstream shape changed: RolloutTrainerMixin not found"
+    return _probe_class(cls, "RolloutTrainerMixin", own=False)
+
+
+def probe_grpo(module):
+    cls = getattr(module, "GRPOTrainer", None)
+    if cls is None:
+        return "upstream shape changed: GRPOTrainer not found"
+    return _probe_class(cls, "GRPOTrainer", own=True)  # its own _fast_infer, not the 3.10+ mixin's
 
 
 def apply(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
 
 
+def apply_grpo(module, patcher):
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", _fast_infer)
+
+
 PATCH = Patch(
     id="swift-level2-resync",
-    issue="ms-swift 3.10-3.11 level-2 gap",
+    issue="ms-swift 3.10-3.11.0 level-2 gap",
     distribution="ms-swift",
-    affected=">=3.10.0,<3.12.0",
-    fixed_in="3.12.0",
+    affected=">=3.10.0,<3.11.1",
+    fixed_in="3.11.1",
     module="swift.trainers.rlhf_trainer.rollout_mixin",
     apply=apply,
     probe=probe,
-    summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.12 does)",
-    verified="CPU: real ms-swift 3.10.0/3.10.1 RolloutTrainerMixin on the vLLM stand-in",
+    summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does)",
+    verified="CPU: real ms-swift 3.10.0/3.10.1 RolloutTrainerMixin on the vLLM stand-in; 3.11.1 stands down",
 )
 
-PATCHES = [PATCH]
+PATCH_GRPO = Patch(
+    id="swift-grpo-level2-resync",
+    issue="ms-swift 3.2.1-3.9 level-2 gap",
+    distribution="ms-swift",
+    affected=">=3.2.1,<3.10.0",
+    module="swift.trainers.rlhf_trainer.grpo_trainer",
+    apply=apply_grpo,
+    probe=probe_grpo,
+    summary="GRPOTrainer._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does)",
+    verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
+)
+
+PATCHES = [PATCH, PATCH_GRPO]

@@ -56,7 +56,16 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS_DIR = REPO_ROOT / "tests"
 ENVS_DIR = REPO_ROOT / ".envs"
 
-SWIFT_VERSIONS: tuple[str, ...] = ("3.10.0", "3.10.1", "4.6.0")
+SWIFT_VERSIONS: tuple[str, ...] = ("3.10.0", "3.10.1", "4.6.0", "3.9.3", "3.11.1")
+
+# Releases tested as an OVERLAY on the venv of a release with the same dependency pins: ms-swift (and
+# the pins that differ) installed with ``pip install --no-deps --target .envs/swift-<ver>-overlay``,
+# put on PYTHONPATH before the base venv's site-packages (``swift_pythonpath``); a few seconds and
+# ~7 MB instead of a venv build. version -> (base release, extra pinned requirements).
+OVERLAYS = {
+    "3.9.3": ("3.10.1", ("trl==0.23.1",)),  # 3.9.x declares trl<0.24; transformers/peft pins as 3.10.x
+    "3.11.1": ("3.10.1", ()),  # 3.11.x declares peft<0.19, transformers<4.58, trl<0.25: 3.10.x's pins fit
+}
 
 _COMMON = ("accelerate", "modelscope", "pydantic", "pillow", "einops", "json_repair", "dacite",
            "msgspec", "deepspeed", "wrapt")
@@ -80,6 +89,8 @@ _MARKER = ".complete"
 def _series(version: str) -> tuple:
     if not isinstance(version, str) or not _VERSION_RE.match(version.strip()):
         raise EnvError(f"invalid ms-swift version {version!r} (expected e.g. 3.10.1)")
+    if version.strip() in OVERLAYS:
+        return _series(OVERLAYS[version.strip()][0])
     key = ".".join(version.strip().split(".")[:2])
     if key not in _SERIES:
         raise EnvError(f"ms-swift {version} has no constraints file (known series: {', '.join(_SERIES)})")
@@ -187,10 +198,54 @@ def _build(version: str, dest: pathlib.Path, log=None) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _overlay_marker(version: str) -> str:
+    return f"ms-swift=={version}\n" + "".join(f"{req}\n" for req in OVERLAYS[version][1])
+
+
+def swift_overlay(version: str, log=None) -> pathlib.Path:
+    """Return .envs/swift-<version>-overlay (ms-swift <version> and OVERLAYS' pins, --no-deps --target),
+    building it first if needed (its base venv too)."""
+    base, extra = OVERLAYS[version]
+    swift_env(base, log=log)
+    dest = ENVS_DIR / f"swift-{version}-overlay"
+    if (dest / _MARKER).is_file() and (dest / _MARKER).read_text() == _overlay_marker(version):
+        return dest
+    with _FileLock(ENVS_DIR / f".swift-{version}-overlay.lock", timeout=3600.0):
+        if (dest / _MARKER).is_file() and (dest / _MARKER).read_text() == _overlay_marker(version):
+            return dest
+        t0 = time.monotonic()
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=ENVS_DIR))
+        try:
+            _run([_python(ENVS_DIR / f"swift-{base}"), "-m", "pip", "install", "--disable-pip-version-check",
+                  "--no-compile", "--quiet", "--no-deps", "--target", tmp, f"ms-swift=={version}", *extra],
+                 f"[swift {version}] pip install --target (overlay on {base})", env=_pip_env())
+            for name in ("tests", "examples", "scripts", "bin"):  # ms-swift's wheel ships top-level `tests`
+                shutil.rmtree(tmp / name, ignore_errors=True)
+            (tmp / _MARKER).write_text(_overlay_marker(version))
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        if log:
+            log(f"[swift {version}] overlay on {base}: {time.monotonic() - t0:.0f} s")
+    return dest
+
+
+def swift_pythonpath(version: str) -> list:
+    """Directories to put on PYTHONPATH (before the venv's site-packages) for ms-swift <version>."""
+    return [str(swift_overlay(version.strip()))] if version.strip() in OVERLAYS else []
+
+
 def swift_env(version: str, log=None) -> pathlib.Path:
-    """Return .envs/swift-<version>, building it first if needed."""
+    """Return .envs/swift-<version>, building it first if needed (for an overlay release: its base venv,
+    and the overlay)."""
     _series(version)
     version = version.strip()
+    if version in OVERLAYS:
+        swift_overlay(version, log=log)
+        return swift_env(OVERLAYS[version][0])
     dest = ENVS_DIR / f"swift-{version}"
     if _ready(dest, version):
         return dest

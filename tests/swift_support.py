@@ -9,7 +9,7 @@ import tempfile
 
 from shim.alloc_guard import ENV_VARS as ALLOC_VARS
 from tests.helpers import REPO, clean_env, last_json, rendezvous_port
-from tests.swift_envs import swift_python
+from tests.swift_envs import swift_python, swift_pythonpath
 from tests.trl_support import fake_site
 
 SCENARIO = REPO / "tests" / "scenarios" / "swift_run.py"
@@ -52,7 +52,8 @@ def run_in_swift(version: str, argv: list, env: dict | None = None, check: bool 
     for name in ALLOC_VARS:  # only the case's own allocator setting
         environment.pop(name, None)
     environment.update({k: str(v) for k, v in (env or {}).items()})
-    environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version, device), str(REPO)])
+    environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version, device), str(REPO),
+                                                 *swift_pythonpath(version)])
     proc = subprocess.run([str(swift_python(version)), *[str(a) for a in argv]], env=environment,
                           capture_output=True, text=True, timeout=900, cwd=out)
     if not check:

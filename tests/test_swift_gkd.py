@@ -59,6 +59,8 @@ loads = []
 _orig = modeling_utils.PreTrainedModel.from_pretrained.__func__
 def _from_pretrained(cls, path, *a, **k):
     loads.append({"path": str(path), "zero3": hf_ds.is_deepspeed_zero3_enabled(), "device_map": str(k.get("device_map"))})
+    if spec.get("fail_teacher") and str(path) == tdir:  # a fault while the teacher loads (OOM, bad shard)
+        raise RuntimeError("teacher load failed")
     return _orig(cls, path, *a, **k)
 modeling_utils.PreTrainedModel.from_pretrained = classmethod(_from_pretrained)
 try:
@@ -131,11 +133,11 @@ def models(tmp_path_factory):
 
 
 def run_child(version, models, *, teacher="teacher", teacher_ds="zero3", shim=True, world=8, free_gb=80,
-              teacher_type="qwen2"):
+              teacher_type="qwen2", fail_teacher=False):
     port = rendezvous_port()
     spec = {"student": str(models / "student"), "teacher": str(models / teacher), "data": str(models / "data.jsonl"),
             "out": str(models / f"out-{os.getpid()}-{port}"), "teacher_ds": teacher_ds, "shim": shim,
-            "world": world, "free": free_gb * GB, "teacher_type": teacher_type}
+            "world": world, "free": free_gb * GB, "teacher_type": teacher_type, "fail_teacher": fail_teacher}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHIM_", "PYTHONPATH"))}
     env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
                LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", TRL_EXPERIMENTAL_SILENCE="1", TOKENIZERS_PARALLELISM="false")
@@ -166,6 +168,17 @@ def test_teacher_loads_partitioned_with_shim(version, models):
     assert "partitioned over 8 ranks" in err  # the preflight ran on the partitioned size and passed
     suffix = "-4x" if version.startswith("4.") else ""
     assert f"swift-gkd-teacher-zero3{suffix} (modelscope/ms-swift#6639, ms-swift {version}): applied" in err
+
+
+def test_student_config_restored_when_teacher_load_fails(models):
+    """A fault inside the teacher load (OOM, a bad shard) reaches the caller unchanged, and the student's
+    DeepSpeed config is back all the same (restored in ``finally``, not only on success): the temporary
+    ZeRO-3 config must not leak into the student's training."""
+    result, err = run_child("3.10.1", models, fail_teacher=True)  # one release: the restore is the shim's own
+    assert result["error"] == ["RuntimeError", "teacher load failed"], (result, err[-3000:])
+    (teacher,) = _teacher_loads(result, models)
+    assert teacher["zero3"] is True  # it failed inside the shim's temporary ZeRO-3 config
+    assert result["after_zero3"] is False and result["after_is_student"] is True and result["after_stage"] == 2
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -55,14 +55,21 @@ def main():
     from vllm.platforms import current_platform
     from accelerate import Accelerator
     import swift
+    legacy = False  # 3.2-3.9: the colocate rollout code lives in GRPOTrainer itself (no rollout mixin)
     try:
         from swift.trainers import GRPOConfig
         from swift.trainers.rlhf_trainer.rollout_mixin import RolloutTrainerMixin
         utils_modules = ("swift.trainers.rlhf_trainer.utils",)
     except ImportError:
-        from swift.rlhf_trainers import GRPOConfig
-        from swift.rlhf_trainers.rollout_mixin import RolloutTrainerMixin
-        utils_modules = ("swift.rlhf_trainers.utils",)
+        try:
+            from swift.rlhf_trainers import GRPOConfig
+            from swift.rlhf_trainers.rollout_mixin import RolloutTrainerMixin
+            utils_modules = ("swift.rlhf_trainers.utils",)
+        except ImportError:
+            from swift.trainers import GRPOConfig
+            from swift.trainers.rlhf_trainer.grpo_trainer import GRPOTrainer as RolloutTrainerMixin
+            utils_modules = ("swift.trainers.rlhf_trainer.utils",)
+            legacy = True
     device = getattr(torch, current_platform.device_type)
     for name in utils_modules:
         module = importlib.import_module(name)
@@ -92,7 +99,18 @@ def main():
     t.is_multimodal = False
     t.multi_turn_scheduler = None
     t._is_fsdp2 = False  # 4.x: set by the trainer when it prepares FSDP2
-    t._prepare_rollout_params()
+    if legacy:  # the attributes GRPOTrainer.__init__ sets for a colocate rollout (3.9.3 grpo_trainer.py ~175-330)
+        from swift.llm import RequestConfig
+        for k, v in dict(vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                         vllm_tensor_parallel_size=1, use_vllm=True, use_fast_infer=True, async_generate=False,
+                         enable_offload=False, enable_server_multi_turn=False, dynamic_num_samples=False,
+                         use_gym_env=False, vllm_use_async_engine=False, _last_loaded_step=-1,
+                         completion_length_limit_scope=args.completion_length_limit_scope).items():
+            setattr(t, k, v)
+        t.request_config = RequestConfig(n=1, max_tokens=args.max_completion_length, temperature=args.temperature,
+                                         top_p=args.top_p, top_k=args.top_k, return_details=True)
+    else:
+        t._prepare_rollout_params()
 
     free = lambda: device.mem_get_info()[0]  # noqa: E731
     sleeps = []
@@ -115,7 +133,12 @@ def main():
     engine_cls.sleep = observed_sleep
     if a.cuda_available:
         torch.cuda.is_available = lambda: True
-    t._prepare_vllm()
+    if legacy:  # GRPOTrainer.__init__: engine build, then the first sleep
+        t.engine = t.prepare_vllm(model)
+        if args.sleep_level > 0:
+            t.engine.engine.sleep(args.sleep_level)
+    else:
+        t._prepare_vllm()
     if not hasattr(t, "parameter_groups"):  # 4.x: prepare_rollout() splits after _prepare_vllm()
         t.parameter_groups, t.parameter_groups_no_lora = t.split_batches()
 
@@ -148,6 +171,7 @@ def main():
 
     from shim import patching
 
+    owner = next(c for c in type(t).__mro__ if "_fast_infer" in vars(c))  # the release's own class
     tracked = runner.weights_alloc.nbytes if hasattr(runner.weights_alloc, "nbytes") else None
     print(json.dumps({
         "swift": swift.__version__, "vllm": vllm.__version__, "generates": generates,
@@ -157,6 +181,7 @@ def main():
         "alloc_env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
                                                       "PYTORCH_NPU_ALLOC_CONF")},
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
+        "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], patching.MARKER, None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
     }))
 
