@@ -398,7 +398,8 @@ def remove(patch_id: str) -> bool:
         log.warning(f"{patch_id}: cannot remove its wrapper from {', '.join(patcher.leftovers)} "
                     f"(wrapped again by something that cannot be re-pointed); still applied there")
         return False
-    _decide(entry, STAND_DOWN, "removed")
+    previous = _registry.decisions.get(patch_id)
+    _decide(entry, STAND_DOWN, "removed", previous.version if previous else None)
     return True
 
 
