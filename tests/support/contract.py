@@ -43,6 +43,7 @@ TARGETS = {
     "trl-online-dpo-resync": ("trl", "1.9.2"),
     "trl-gold-weights-asleep": ("trl", "0.29.1"),
     "swift-level2-resync": ("swift", "3.10.1"),
+    "swift-grpo-level2-resync": ("swift", "3.9.3"),
     "swift-expandable-segments": ("swift", "3.10.1"),
     "swift-expandable-segments-4x": ("swift", "4.6.0"),
     "swift-expandable-segments-megatron": ("swift-megatron", "4.6.0"),
@@ -66,10 +67,11 @@ def _environment(kind: str, release: str):
         python, vllm = sys.executable, vllm_for(release)
         path = [trl_path(release), fake_site(vllm)]
     elif kind.startswith("swift"):
-        from tests.swift_envs import swift_python
+        from tests.swift_envs import swift_python, swift_pythonpath
+        from tests.swift_support import vllm_for as swift_vllm_for
 
-        python, vllm = str(swift_python(release)), vllm_for(release)
-        path = [fake_site(vllm)]
+        python, vllm = str(swift_python(release)), swift_vllm_for(release)
+        path = [fake_site(vllm), *swift_pythonpath(release)]
     else:
         python, vllm = sys.executable, release
         path = [fake_site(release)]
