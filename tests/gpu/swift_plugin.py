@@ -345,9 +345,28 @@ def install(path: str) -> Observer:
 
 
 def _cpu_standin():
+    """CPU dry run only (tests/fakevllm is vLLM): hardware-facing names ms-swift needs."""
     import importlib
+    import types
 
     import torch
+
+    # ms-swift's patch_vllm_load_adapter (LoRA with --vllm_enable_lora) imports vLLM's worker-side LoRA
+    # manager to patch its _load_adapter; the stand-in keeps LoRA requests (LLMEngine.add_lora) but has no
+    # worker LoRA manager. Empty placeholders let the dry run reach the push (add_lora) and the rollouts;
+    # nothing here applies an adapter (on the stand-in the rollouts use the base weights).
+    for mod, names in (("vllm.lora.worker_manager", ("LRUCacheWorkerLoRAManager",)),
+                       ("vllm.lora.lora_model", ("LoRAModel",)), ("vllm.lora.models", ("LoRAModel",)),
+                       ("vllm.lora.utils", ()), ("vllm.lora.peft_helper", ("PEFTHelper",))):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            m = types.ModuleType(mod)
+            m.__doc__ = "swift_plugin CPU dry-run placeholder (not vLLM)"
+            for n in names:
+                setattr(m, n, type(n, (), {"_load_adapter": lambda self, req: None}))
+            m.get_adapter_absolute_path = lambda path: path
+            sys.modules[mod] = m
 
     for name in ("swift.rlhf_trainers.utils", "swift.utils.torch_utils", "swift.utils"):
         try:
