@@ -130,14 +130,18 @@ class Observer:
         self.rollouts.append(rec)
 
     def lora_check(self, trainer, lora_a: dict) -> dict:
+        """The adapter: ``lora_A`` checksums (float64 sums; q/k/v packing does not change them) of the
+        trainer, of what ms-swift last pushed (same dtype as the trainer's: exact) and of the engine's
+        registered LoRA model (compared after rounding the trainer's to the engine's dtype)."""
         from tests.gpu import common
 
         out = {"trainer_lora_A_checksum": common.checksum(lora_a.values()), "lora_A_tensors": len(lora_a)}
         push = self.last_lora_push
         if push is not None:
-            pushed = {k: v for k, v in push.items() if "lora_A" in k}
-            out["pushed_lora_A_checksum"] = common.checksum(pushed.values())
-            out["pushed_eq_trainer"] = out["pushed_lora_A_checksum"] == out["trainer_lora_A_checksum"]
+            pushed = [v for k, v in push.items() if "lora_A" in k]
+            out["pushed_lora_A_checksum"] = common.checksum(pushed)
+            out["pushed_eq_trainer"] = out["pushed_lora_A_checksum"] == common.checksum(
+                p.to(pushed[0].dtype) for p in lora_a.values()) if pushed else False
         try:
             runner = trainer.engine.engine.model_executor.driver_worker.worker.model_runner
             manager = runner.lora_manager._adapter_manager
@@ -147,10 +151,11 @@ class Observer:
                 for layer in m.loras.values():
                     a = layer.lora_a
                     tensors.extend(x for x in (a if isinstance(a, (list, tuple)) else [a]) if x is not None)
-            out["engine_lora_A_checksum"] = common.checksum(tensors)
-            out["engine_adapters"] = len(models)
-            out["engine_eq_trainer"] = abs(out["engine_lora_A_checksum"] - out["trainer_lora_A_checksum"]) <= \
-                1e-6 * max(1.0, abs(out["trainer_lora_A_checksum"]))
+            engine_sum = common.checksum(tensors)
+            ref = common.checksum(p.to(tensors[0].dtype) for p in lora_a.values())
+            out.update(engine_lora_A_checksum=engine_sum, trainer_lora_A_checksum_engine_dtype=ref,
+                       engine_adapters=len(models), engine_lora_A_tensors=len(tensors),
+                       engine_eq_trainer=abs(engine_sum - ref) <= 1e-9 * max(1.0, abs(ref)))
         except Exception as exc:
             out["engine_lora"] = f"unreadable: {type(exc).__name__}: {exc}"
         return out
@@ -368,6 +373,28 @@ def _cpu_standin():
             m.get_adapter_absolute_path = lambda path: path
             sys.modules[mod] = m
 
+    # vLLM wraps LoRA target layers (``BaseLayerWithLoRA``) and loads ``<module>.base_layer.weight`` into
+    # the wrapped layer; the stand-in has no LoRA layers, so those names are given to it unwrapped.
+    from swift.rlhf_trainers import rollout_mixin
+
+    mixin = rollout_mixin.RolloutTrainerMixin
+    orig_load = mixin._load_state_dict_to_vllm
+
+    def _load_state_dict_to_vllm(self, state_dict):
+        return orig_load(self, {k.replace(".base_layer.", "."): v for k, v in state_dict.items()})
+
+    mixin._load_state_dict_to_vllm = _load_state_dict_to_vllm
+    # vLLM's LoRARequest is a msgspec.Struct, so the fields ms-swift's TensorLoRARequest subclass annotates
+    # (peft_config, lora_tensors) become constructor fields; the stand-in's is a dataclass, whose plain
+    # subclasses gain no fields: make ms-swift's subclass a dataclass too.
+    import dataclasses
+
+    from swift.rlhf_trainers import utils as swift_utils
+
+    cls = getattr(swift_utils, "TensorLoRARequest", None)
+    if cls is not None and "peft_config" not in {f.name for f in dataclasses.fields(cls)}:
+        cls = dataclasses.dataclass(cls)
+        swift_utils.TensorLoRARequest = rollout_mixin.TensorLoRARequest = cls
     for name in ("swift.rlhf_trainers.utils", "swift.utils.torch_utils", "swift.utils"):
         try:
             module = importlib.import_module(name)

@@ -74,7 +74,8 @@ def test_runs_to_the_end_and_every_rollout_uses_the_trainers_weights(data, tuner
         if not dry(data):
             assert all(x.get("engine_eq_trainer") for x in loras), loras[:2]
         sums = [x["trainer_lora_A_checksum"] for x in loras]
-        assert len(set(sums)) > 1 or len(sums) == 1  # the adapter trains
+        if not dry(data):  # the comparison can fail: the adapter trains (lora_A moves once lora_B is non-zero)
+            assert len(sums) >= 2 and sums[0] != sums[-1], sums
 
 
 @pytest.mark.parametrize("tuner,level", CONFIGS)
