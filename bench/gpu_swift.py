@@ -32,6 +32,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -180,6 +181,26 @@ def shim_report(a, trace: str) -> dict:
     return {"rc": proc.returncode, "stdout": proc.stdout[-4000:], "stderr": proc.stderr[-2000:]}
 
 
+CURRENT: list = []  # the run in progress (its process group is killed on SIGTERM)
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _on_term(signum, frame):
+    for proc in CURRENT:
+        _kill_group(proc)
+    sys.exit(128 + signum)
+
+
 def run_one(a, label: str, swift_argv: list, shim: str, model: str) -> dict:
     work = pathlib.Path(a.workdir)
     slug = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
@@ -199,11 +220,19 @@ def run_one(a, label: str, swift_argv: list, shim: str, model: str) -> dict:
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
+        # own process group: the launcher starts torchrun, torchrun the rank; a timeout (or this script being
+        # terminated) must end all of them, or the rank keeps its GPU memory for the next run
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=str(work),
+                                start_new_session=True)
+        CURRENT[:] = [proc]
         try:
-            proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=str(work), timeout=timeout)
-            rc = proc.returncode
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            _kill_group(proc)
             rc = 124
+            f.write(f"\n[gpu_swift] killed after {timeout:.0f} s\n")
+        finally:
+            CURRENT[:] = []
     result = common.read_json(obs) or {}
     result.update(label=label, shim=shim, cmd=cmd, rc=rc, run_wall_s=time.time() - t, log=str(log))
     if rc != 0 or not result.get("metrics"):
@@ -241,6 +270,7 @@ def grpo_table(runs: dict) -> str:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    signal.signal(signal.SIGTERM, _on_term)
     work = pathlib.Path(a.workdir)
     data = write_data(work)
     record_common = {"steps": a.steps, "gkd_steps": a.gkd_steps, "user_alloc_conf": a.alloc_conf,

@@ -373,6 +373,12 @@ def _cpu_standin():
             m.get_adapter_absolute_path = lambda path: path
             sys.modules[mod] = m
 
+    # deepspeed's CPU accelerator JIT-compiles a shared-memory all-reduce op with g++ (60-90 s) that only
+    # speeds up CPU collectives (as tests/test_swift_gkd.py does).
+    try:
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    except ImportError:
+        pass
     # vLLM wraps LoRA target layers (``BaseLayerWithLoRA``) and loads ``<module>.base_layer.weight`` into
     # the wrapped layer; the stand-in has no LoRA layers, so those names are given to it unwrapped.
     from swift.rlhf_trainers import rollout_mixin
