@@ -14,8 +14,8 @@
 #
 # Knobs: PHASES ("grpo gkd"), LEVELS ("1,2"), TUNERS ("full,lora"), SHIMS ("off,on"), GKD_SHIMS ("on,off"),
 # STEPS (4), GKD_STEPS (3), BUDGET_S (default 540: runs that cannot finish before are skipped and say so).
-# One H200 call fits about 8 runs; split with LEVELS=1 / LEVELS=2 / PHASES=gkd when the budget is short.
-# OUT_DIR receives: run_swift.log, gpu_swift_grpo_L<levels>.json, gpu_swift_gkd.json, pytest_swift.txt,
+# Split over device calls (10 min each): PHASES=grpo TUNERS=full, PHASES=grpo TUNERS=lora, PHASES=gkd.
+# OUT_DIR receives: run_swift.log, gpu_swift_grpo_<tuners>_L<levels>.json, gpu_swift_gkd.json, pytest_swift.txt,
 # swift_logs.tar.gz.
 set -u
 T0=$(date +%s)
@@ -106,11 +106,12 @@ EOF
 # ---- 4. the runs --------------------------------------------------------------------------------
 PHASES=${PHASES:-grpo gkd}
 LEVELS=${LEVELS:-1,2}
-TAG=L${LEVELS//,/}
-el "bench/gpu_swift.py: phases ${PHASES}, levels ${LEVELS}, tuners ${TUNERS:-full,lora}"
+TUNERS=${TUNERS:-full,lora}
+TAG=${TUNERS//,/}_L${LEVELS//,/}
+el "bench/gpu_swift.py: phases ${PHASES}, levels ${LEVELS}, tuners ${TUNERS}"
 timeout $(( BUDGET_S + 40 - ($(date +%s) - T0) )) "$PY" bench/gpu_swift.py "${DRYARG[@]}" --python "$PY" \
   --model "$W/tiny" --teacher "$W/teacher" --workdir "$W/runs" --phases "${PHASES// /,}" --levels "$LEVELS" \
-  --tuners "${TUNERS:-full,lora}" --shims "${SHIMS:-off,on}" --gkd-shims "${GKD_SHIMS:-on,off}" \
+  --tuners "$TUNERS" --shims "${SHIMS:-off,on}" --gkd-shims "${GKD_SHIMS:-on,off}" \
   --steps "$STEPS" --gkd-steps "$GKD_STEPS" \
   --out-grpo "$OUT/gpu_swift_grpo_$TAG.json" --out-gkd "$OUT/gpu_swift_gkd.json"
 el "bench exit $?"
