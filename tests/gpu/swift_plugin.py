@@ -400,6 +400,8 @@ def _cpu_standin():
     cls = getattr(swift_utils, "TensorLoRARequest", None)
     if cls is not None and "peft_config" not in {f.name for f in dataclasses.fields(cls)}:
         cls = dataclasses.dataclass(cls)
+        if "load_inplace" not in {f.name for f in dataclasses.fields(cls)}:  # vLLM 0.24's LoRARequest has it
+            cls = dataclasses.make_dataclass(cls.__name__, [("load_inplace", bool, False)], bases=(cls,))
         swift_utils.TensorLoRARequest = rollout_mixin.TensorLoRARequest = cls
     for name in ("swift.rlhf_trainers.utils", "swift.utils.torch_utils", "swift.utils"):
         try:
