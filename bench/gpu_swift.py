@@ -125,7 +125,9 @@ def common_args(a) -> list:
             "--save_strategy", "no", "--seed", "0", "--dataloader_num_workers", "0", "--split_dataset_ratio", "0",
             "--max_completion_length", "16", "--use_vllm", "true", "--vllm_mode", "colocate",
             "--vllm_gpu_memory_utilization", str(a.gpu_util), "--vllm_max_model_len", "512",
-            "--vllm_enforce_eager", "true", "--check_model", "false"]
+            "--vllm_enforce_eager", "true", "--check_model", "false",
+            # CPU: ms-swift turns fp16 mixed precision on for a float32 model; deepspeed's CPU accelerator refuses it
+            *(["--fp16", "false", "--bf16", "false"] if a.cpu_dry_run else [])]
 
 
 def grpo_args(a, data, level, tuner, out_dir) -> list:
