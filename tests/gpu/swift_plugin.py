@@ -14,7 +14,8 @@ vLLM. It adds:
     engine's model (``GRPOVllmEngine.inner_model``) is compared bit for bit with the trainer model's
     current parameter (tests.gpu.common.compare_weights: q/k/v and gate/up fused as vLLM does) and
     with the initial checkpoint. With LoRA the trainer's base weights are compared (``base_layer``
-    names mapped), and the adapter: a float64 checksum of every ``lora_A`` tensor in the engine's
+    names mapped; also the trainer's base against the checkpoint, ``trainer_base_drift``: ms-swift
+    merges and unmerges the adapter into the frozen base at every adapter push, lossy in bf16), and the adapter: a float64 checksum of every ``lora_A`` tensor in the engine's
     registered LoRA model (vLLM's ``LoRAModel.loras[...].lora_a``; packing q/k/v does not change the
     sum) against the trainer's current ``lora_A`` parameters, and the last adapter ms-swift pushed
     (``add_lora``'s ``TensorLoRARequest.lora_tensors``) against the trainer's;
@@ -124,6 +125,14 @@ class Observer:
                        max_abs_diff_checkpoint=vs_ckpt["max_abs_diff"], tensors=vs_trainer["tensors"],
                        checksum_engine=common.checksum(engine.values()))
             if lora:
+                # the trainer's frozen base against the checkpoint: ms-swift 4.6.0 merges the adapter into the base
+                # and unmerges it at every adapter push (_move_adapter_to_vllm), which is lossy in bf16
+                drift = 0.0
+                for n, p in trainer_params.items():
+                    ref = self.checkpoint.get(n)
+                    if ref is not None and ref.shape == p.shape:
+                        drift = max(drift, float((p.detach().float() - ref.to(p.device).float()).abs().max()))
+                rec["trainer_base_drift"] = drift
                 rec["lora"] = self.lora_check(trainer, lora_a)
         except Exception as exc:  # recorded, never raised into ms-swift
             rec["error"] = f"{type(exc).__name__}: {exc}"

@@ -63,12 +63,18 @@ def test_runs_to_the_end_and_every_rollout_uses_the_trainers_weights(data, tuner
     gens = run["rollouts"]
     assert len(gens) >= data["steps"], gens
     assert not [g for g in gens if g.get("error")], gens[:2]
-    bad = [g for g in gens if not g["engine_eq_trainer"]]
-    assert not bad, bad[:2]  # base weights (LoRA) / all weights (full): bit for bit
     if tuner == "full":
+        bad = [g for g in gens if not g["engine_eq_trainer"]]
+        assert not bad, bad[:2]  # every parameter, bit for bit
         # the comparison can fail: training moved the weights away from the checkpoint
         assert any(not g["engine_eq_checkpoint"] for g in gens if g["step"] > 0)
     else:
+        # LoRA: the trainer's frozen base drifts by bf16 rounding (ms-swift merges and unmerges the adapter into
+        # it at every adapter push; upstream, with and without the shim, see test_lora_base_drift_is_upstreams);
+        # the engine's base must be that base up to the drift, not discarded memory (level 2) or garbage
+        bad = [g for g in gens if g["max_abs_diff_trainer"] > max(4 * g.get("trainer_base_drift", 0.0), 1e-6)
+               or g["unmatched"]]
+        assert not bad, bad[:2]
         loras = [g["lora"] for g in gens if g["step"] > 0]
         assert loras and all(x.get("pushed_eq_trainer") for x in loras), loras[:2]
         if not dry(data):
@@ -83,6 +89,16 @@ def test_rewards_identical_with_and_without_the_shim(data, tuner, level):
     """ms-swift 4.6.0 is correct upstream here: the shim must not change what is trained."""
     off, on = rewards(run_of(data, tuner, level, False)), rewards(run_of(data, tuner, level, True))
     assert on == pytest.approx(off, abs=1e-6)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_lora_base_drift_is_upstreams(data, level):
+    """ms-swift 4.6.0's adapter push (``_move_adapter_to_vllm``: ``merge_adapter()``, read the adapter,
+    ``unmerge_adapter()``) changes the trainer's frozen bf16 base a little at every push; the shim does not
+    touch that path: the drift is the same, rollout for rollout, with and without it."""
+    off, on = run_of(data, "lora", level, False), run_of(data, "lora", level, True)
+    drift = lambda run: [g.get("trainer_base_drift") for g in run["rollouts"]]  # noqa: E731
+    assert drift(on) == drift(off)
 
 
 @pytest.mark.parametrize("shim", [False, True], ids=["off", "shim"])
