@@ -243,9 +243,17 @@ def run_one(a, label: str, swift_argv: list, shim: str, model: str) -> dict:
         result["trace"] = trace_summary(str(trace))
         result["report"] = shim_report(a, str(trace)) if trace.exists() else {"skipped": "no trace"}
     print(f"[gpu_swift] {label}: rc {rc}, {time.time() - t:.0f} s, "
-          f"{sum(1 for r in result.get('rollouts', []) if r.get('engine_eq_trainer'))}/{len(result.get('rollouts', []))}"
+          f"{sum(1 for g in result.get('rollouts', []) if on_trainer(g))}/{len(result.get('rollouts', []))}"
           f" rollouts on the trainer's weights", flush=True)
     return result
+
+
+def on_trainer(g: dict) -> bool:
+    """The engine sampled from the trainer's weights (LoRA: its base up to the upstream merge/unmerge drift,
+    see tests/gpu/swift_plugin.py; the adapter is checked separately)."""
+    if "trainer_base_drift" in g:
+        return not g.get("unmatched") and g.get("max_abs_diff_trainer", 1.0) <= max(4 * g["trainer_base_drift"], 1e-6)
+    return bool(g.get("engine_eq_trainer"))
 
 
 def rewards(run: dict) -> list:
@@ -259,15 +267,17 @@ def grpo_table(runs: dict) -> str:
         shares = [x for x in shares if x is not None]
         steps = [m for m in r.get("alloc_at_step", [])]
         rows.append({"run": label, "rc": r.get("rc"), "skipped": r.get("skipped"),
-                     "rollouts on trainer weights": f"{sum(1 for g in r.get('rollouts', []) if g.get('engine_eq_trainer'))}"
+                     "rollouts on trainer weights": f"{sum(1 for g in r.get('rollouts', []) if on_trainer(g))}"
                                                     f"/{len(r.get('rollouts', []))}",
                      "rewards": " / ".join(f"{x:.4g}" for x in rewards(r) if isinstance(x, (int, float))),
                      "min freed share": min(shares) if shares else None,
                      "user alloc kept": (all(s.get("PYTORCH_CUDA_ALLOC_CONF") == r.get("user_alloc", {}).get(
                          "PYTORCH_CUDA_ALLOC_CONF") for s in steps) if steps else None),
+                     "LoRA base drift": max([g.get("trainer_base_drift") or 0.0 for g in r.get("rollouts", [])] or [0.0])
+                     if "lora" in label else None,
                      "s/step": r.get("step_s_median_after_first")})
     return common.fmt_table(rows, ["run", "rc", "skipped", "rollouts on trainer weights", "rewards", "min freed share",
-                                   "user alloc kept", "s/step"])
+                                   "user alloc kept", "LoRA base drift", "s/step"])
 
 
 def main(argv=None) -> int:
