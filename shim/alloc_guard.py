@@ -149,6 +149,14 @@ def live_expandable(probe) -> "bool | None":
     return _reported[probe.name]
 
 
+def routes_on(probe) -> list:
+    """Names of the routes that turn expandable segments on now (env vars, then "live setting")."""
+    routes = list(env_routes())
+    if live_expandable(probe):
+        routes.append("live setting")
+    return routes
+
+
 def expandable_anywhere(probe=None) -> bool:
     """Expandable segments are (or may be) on through any route right now."""
     return bool(env_routes()) or bool(live_expandable(probe))
@@ -174,22 +182,38 @@ def _set_live(probe, on: bool) -> None:
 
 
 def _enter(probe) -> _Token:
+    """Off on every route; on any failure (an interrupt included) the env strings are put
+    back before the exception leaves, so a failed suspend leaves nothing suspended."""
     saved = env_routes()
-    for name, value in saved.items():
-        os.environ[name] = conf_without_expandable(value)
-    live = live_expandable(probe)
-    live_off = probe is not None and (live is True or (live is None and bool(saved)))
-    if live_off:
-        _set_live(probe, False)
+    try:
+        for name, value in saved.items():
+            os.environ[name] = conf_without_expandable(value)
+        live = live_expandable(probe)
+        live_off = probe is not None and (live is True or (live is None and bool(saved)))
+        if live_off:
+            _set_live(probe, False)
+    except BaseException:
+        for name, value in saved.items():
+            os.environ[name] = value
+        raise
     saw = list(saved) + (["live setting"] if live else [])
     return _Token(saved, live_off, saw)
 
 
 def _exit(token: _Token, probe) -> None:
+    """The user's exact setting back. Never raises: it runs in ``finally`` blocks around
+    upstream calls, whose own exception must reach the caller unchanged; a live setting
+    that cannot be put back is one WARNING."""
     for name, value in token.env.items():
         os.environ[name] = value
     if token.live_off:
-        _set_live(probe, True)
+        try:
+            _set_live(probe, True)
+        except Exception as exc:
+            from shim import log
+
+            log.warning(f"allocator guard: could not turn expandable segments back on in the live allocator "
+                        f"setting ({type(exc).__name__}: {exc}); the env vars are back")
 
 
 def suspend(probe=None) -> "_Token | None":
