@@ -137,6 +137,40 @@ def test_issue_6636_every_route(model_dir, route):
     assert "sleep summary rank 0: 2 sleeps, 0 ineffective" in proc.stderr
 
 
+BUILD_ENV_BODY = """
+import subprocess
+from vllm.v1.worker.gpu_worker import Worker
+VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+_load = Worker.load_model
+def load_model(self):  # runs inside the engine build, in CuMemAllocator.use_memory_pool("weights")
+    R["inside"] = {k: os.environ.get(k) for k in VARS}
+    R["live_inside"] = dev.expandable_segments
+    code = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (VARS,)
+    R["child"] = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                           check=True).stdout)
+    return _load(self)
+Worker.load_model = load_model
+llm = new_llm()
+R["after"] = {k: os.environ.get(k) for k in VARS}
+"""
+
+
+@pytest.mark.parametrize("route", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+                                   "PYTORCH_NPU_ALLOC_CONF"])
+def test_every_env_route_off_inside_the_build(model_dir, route):
+    """Processes started during the build (vLLM's multiprocessing workers, compile workers)
+    inherit the ENV, not this process's live allocator setting: each route must read
+    expandable segments off inside the build, whatever the live setting says."""
+    off, _ = scenario(model_dir, BUILD_ENV_BODY, shim=False, **{route: VALUE})
+    on, _ = scenario(model_dir, BUILD_ENV_BODY, shim=True, **{route: VALUE})
+    others = {k: None for k in on["inside"] if k != route}
+    assert off["inside"] == off["child"] == {**others, route: VALUE}  # without the shim: on inside the build
+    off_value = "max_split_size_mb:128,expandable_segments:False"
+    assert on["inside"] == on["child"] == {**others, route: off_value}  # the other keys kept
+    assert on["live_inside"] is False
+    assert on["after"] == {**others, route: VALUE}  # the user's exact string back
+
+
 # ---------------------------------------------------------------------------
 # ineffective sleeps: detected, explained, re-checked after warm-up
 # ---------------------------------------------------------------------------
