@@ -1,4 +1,5 @@
-"""Expandable segments off while a sleep allocator fills its pool; the user's setting back afterwards.
+"""The allocator guard: expandable segments off while a sleep allocator fills its pool; the user's
+setting back afterwards. In this package "guard" means this and nothing else.
 
 PyTorch's ``expandable_segments:True`` makes allocations requested inside a
 pluggable allocator's MemPool land outside it (pytorch#147851). vLLM's sleep
@@ -37,6 +38,12 @@ is switched off when it is (or may be) on; on exit the env strings are put back
 exactly and the live setting back on. :func:`suspend` / :func:`resume` are the
 same as two calls (for code shaped like ms-swift's
 ``set_expandable_segments(False)`` ... ``set_expandable_segments(True)``).
+
+The nesting depth is process-wide (a module global, under a lock) because what
+it guards is: ``os.environ`` and the allocator's live setting belong to the
+process, and the guard is entered from several patches (``vllm-sleep-guard``
+around a build or wake, ms-swift's ``set_expandable_segments`` pair around a
+rollout), in any order. Nothing else passes between patches through it.
 
 The live setting cannot be read on every torch: the guard believes, in this
 order, the last value set through the device's ``memory._set_allocator_settings``

@@ -36,6 +36,7 @@ Filled in by the allocator guard's wrappers (``shim.vllm_alloc_guard``):
 ``call``: the :class:`Call` of the outermost shim wrapper running on this engine
 (None between calls). Every piece of state the wrappers of two patches share
 lives here, on the engine's state, never in a module global or a thread-local.
+:func:`resync` re-reads ``asleep`` from vLLM's executor after an upstream call raised.
 
 The key is the engine object, held by weak reference: ``state_for(llm)`` and
 ``state_for(llm.llm_engine)`` are the same state, because ``vllm.LLM`` delegates
