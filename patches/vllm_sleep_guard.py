@@ -9,20 +9,22 @@ Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <
 Remove:   guard when the shim's minimum vLLM is >=0.33 and vllm-ascend toggles expandable segments itself;
           the verification and telemetry have no upstream equivalent
 
-Three records on the concrete modules trainers use:
+Three records on the concrete modules trainers use; the behaviour lives in ``shim/``:
 
 - ``vllm-sleep-guard`` (``vllm.v1.engine.llm_engine.LLMEngine.__init__`` and
   ``wake_up``; ``vllm.LLM`` builds and wakes through it, ms-swift calls it
-  directly): while a sleep-mode engine allocates into its pool, expandable
-  segments are off whichever of the four env vars or the live setting turned
-  them on; the user's exact setting is back afterwards (``shim.alloc_guard``).
+  directly): the allocator guard (``shim.vllm_alloc_guard``, ``shim.alloc_guard``):
+  while a sleep-mode engine allocates into its pool, expandable segments are off
+  whichever of the four env vars or the live setting turned them on; the user's
+  exact setting is back afterwards.
 - ``vllm-sleep-check`` (``LLMEngine.__init__``, ``sleep``, ``wake_up``) and
-  ``vllm-llm-sleep-check`` (``vllm.entrypoints.llm.LLM``, same methods): every
-  sleep verified against the device, the first-sleep reset after warm-up (re-check, one re-issued sleep),
-  per-tag wake, one telemetry event per construction/sleep/wake
-  (``shim.vllm_guard``, ``shim.telemetry``). Only the outermost of the two acts
-  on a call (``LLM.sleep`` delegates to ``LLMEngine.sleep``), state keyed by the
-  engine.
+  ``vllm-llm-sleep-check`` (``vllm.entrypoints.llm.LLM``, same methods): the
+  sleep check (``shim.sleep_check``): every sleep verified (``shim.sleep_verdict``:
+  device readings where needed, the pool's bookkeeping otherwise), the first-sleep
+  reset after warm-up (``shim.first_sleep_reset``), per-tag wake, one telemetry
+  event per construction/sleep/wake (``shim.telemetry``). Only the outermost of
+  the two acts on a sleep or wake (``LLM.sleep`` delegates to ``LLMEngine.sleep``),
+  state keyed by the engine.
 
 All three stand down with one line when neither CUDA (``torch.cuda``) nor an
 Ascend NPU (``torch.npu``) is the device.
@@ -39,7 +41,9 @@ def _no_device():
         importlib.import_module("vllm.platforms")
     except Exception:
         pass
-    return None if memory.probe() is not None else "no CUDA or NPU device (torch.cuda / torch.npu): nothing to guard"
+    if memory.probe() is not None:
+        return None
+    return "no CUDA or NPU device (torch.cuda / torch.npu): no device memory to manage"
 
 
 def _shape(owner, names):
@@ -62,22 +66,21 @@ def _probe_llm(module):
 
 
 def _apply_guard(module, patcher):
-    from shim import alloc_guard, memory, vllm_guard
+    from shim import alloc_guard, memory, vllm_alloc_guard
 
     alloc_guard.track_live_setting(memory.probe(), patcher)
-    patcher.wrap(module.LLMEngine, "__init__", vllm_guard.guard_init)
-    patcher.wrap(module.LLMEngine, "wake_up", vllm_guard.guard_wake)
-    patcher.set(vllm_guard, "GUARD_APPLIED", True)
+    patcher.wrap(module.LLMEngine, "__init__", vllm_alloc_guard.guard_init)
+    patcher.wrap(module.LLMEngine, "wake_up", vllm_alloc_guard.guard_wake)
 
 
-def _apply_check(owner_name):
+def _apply_check(owner_name, init_name):
     def apply(module, patcher):
-        from shim import vllm_guard
+        from shim import sleep_check
 
         owner = getattr(module, owner_name)
-        patcher.wrap(owner, "__init__", vllm_guard.check_init)
-        patcher.wrap(owner, "sleep", vllm_guard.check_sleep)
-        patcher.wrap(owner, "wake_up", vllm_guard.check_wake)
+        patcher.wrap(owner, "__init__", getattr(sleep_check, init_name))
+        patcher.wrap(owner, "sleep", sleep_check.check_sleep)
+        patcher.wrap(owner, "wake_up", sleep_check.check_wake)
 
     return apply
 
@@ -104,10 +107,10 @@ CHECK = Patch(
     distribution="vllm",
     affected=_AFFECTED,
     module="vllm.v1.engine.llm_engine",
-    apply=_apply_check("LLMEngine"),
+    apply=_apply_check("LLMEngine", "check_init"),
     probe=_probe_engine,
-    summary="every sleep verified (pool-tracked vs device-freed bytes), first-sleep reset after warm-up, "
-            "per-tag wake, telemetry",
+    summary="every sleep verified (pool-tracked vs freed bytes: device readings on first/suspect/every 10th "
+            "sleep, the pool's bookkeeping otherwise), first-sleep reset after warm-up, per-tag wake, telemetry",
     verified="CPU: vLLM stand-in (CUDA and NPU modes)",
 )
 
@@ -117,7 +120,7 @@ LLM_CHECK = Patch(
     distribution="vllm",
     affected=_AFFECTED,
     module="vllm.entrypoints.llm",
-    apply=_apply_check("LLM"),
+    apply=_apply_check("LLM", "check_llm_init"),
     probe=_probe_llm,
     summary="as vllm-sleep-check, on vllm.LLM (outermost wrapper acts, no double counting)",
     verified="CPU: vLLM stand-in (CUDA and NPU modes)",

@@ -1,4 +1,5 @@
-"""Expandable segments off while a sleep allocator fills its pool; the user's setting back afterwards.
+"""The allocator guard: expandable segments off while a sleep allocator fills its pool; the user's
+setting back afterwards. In this package "guard" means this and nothing else.
 
 PyTorch's ``expandable_segments:True`` makes allocations requested inside a
 pluggable allocator's MemPool land outside it (pytorch#147851). vLLM's sleep
@@ -37,6 +38,12 @@ is switched off when it is (or may be) on; on exit the env strings are put back
 exactly and the live setting back on. :func:`suspend` / :func:`resume` are the
 same as two calls (for code shaped like ms-swift's
 ``set_expandable_segments(False)`` ... ``set_expandable_segments(True)``).
+
+The nesting depth is process-wide (a module global, under a lock) because what
+it guards is: ``os.environ`` and the allocator's live setting belong to the
+process, and the guard is entered from several patches (``vllm-sleep-guard``
+around a build or wake, ms-swift's ``set_expandable_segments`` pair around a
+rollout), in any order. Nothing else passes between patches through it.
 
 The live setting cannot be read on every torch: the guard believes, in this
 order, the last value set through the device's ``memory._set_allocator_settings``
@@ -149,6 +156,14 @@ def live_expandable(probe) -> "bool | None":
     return _reported[probe.name]
 
 
+def routes_on(probe) -> list:
+    """Names of the routes that turn expandable segments on now (env vars, then "live setting")."""
+    routes = list(env_routes())
+    if live_expandable(probe):
+        routes.append("live setting")
+    return routes
+
+
 def expandable_anywhere(probe=None) -> bool:
     """Expandable segments are (or may be) on through any route right now."""
     return bool(env_routes()) or bool(live_expandable(probe))
@@ -174,22 +189,38 @@ def _set_live(probe, on: bool) -> None:
 
 
 def _enter(probe) -> _Token:
+    """Off on every route; on any failure (an interrupt included) the env strings are put
+    back before the exception leaves, so a failed suspend leaves nothing suspended."""
     saved = env_routes()
-    for name, value in saved.items():
-        os.environ[name] = conf_without_expandable(value)
-    live = live_expandable(probe)
-    live_off = probe is not None and (live is True or (live is None and bool(saved)))
-    if live_off:
-        _set_live(probe, False)
+    try:
+        for name, value in saved.items():
+            os.environ[name] = conf_without_expandable(value)
+        live = live_expandable(probe)
+        live_off = probe is not None and (live is True or (live is None and bool(saved)))
+        if live_off:
+            _set_live(probe, False)
+    except BaseException:
+        for name, value in saved.items():
+            os.environ[name] = value
+        raise
     saw = list(saved) + (["live setting"] if live else [])
     return _Token(saved, live_off, saw)
 
 
 def _exit(token: _Token, probe) -> None:
+    """The user's exact setting back. Never raises: it runs in ``finally`` blocks around
+    upstream calls, whose own exception must reach the caller unchanged; a live setting
+    that cannot be put back is one WARNING."""
     for name, value in token.env.items():
         os.environ[name] = value
     if token.live_off:
-        _set_live(probe, True)
+        try:
+            _set_live(probe, True)
+        except Exception as exc:
+            from shim import log
+
+            log.warning(f"allocator guard: could not turn expandable segments back on in the live allocator "
+                        f"setting ({type(exc).__name__}: {exc}); the env vars are back")
 
 
 def suspend(probe=None) -> "_Token | None":

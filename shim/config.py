@@ -29,6 +29,13 @@ SHIM_TRACE = "SHIM_TRACE"
 """Path of a JSON-lines file. Every sleep/wake event of every rank is appended
 to it (one record per line, rank in each record). Empty: no trace."""
 
+SHIM_DEVICE_CHECK_EVERY = "SHIM_DEVICE_CHECK_EVERY"
+"""Positive integer (default 10). The sleep check reads the device (``mem_get_info``
+before and after) at least every this many sleeps of an engine, besides the sleeps
+that need it (first sleep at each level, after an ineffective one, when the sleep
+pool's bookkeeping looks wrong); the others are verified from the pool's bookkeeping
+(``shim.sleep_verdict``). ``1``: every sleep and wake is read on the device."""
+
 ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE)
 
 _TRUE = ("1", "true", "yes", "on")
@@ -86,3 +93,15 @@ def validate() -> None:
     disabled()
     strict()
     debug()
+
+
+DEVICE_CHECK_EVERY_DEFAULT = 10
+
+
+def device_check_every() -> int:
+    raw = os.environ.get(SHIM_DEVICE_CHECK_EVERY, "").strip()
+    if not raw:
+        return DEVICE_CHECK_EVERY_DEFAULT
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    raise ConfigError(f"{SHIM_DEVICE_CHECK_EVERY}={raw!r} is not valid; accepted: a whole number >= 1 (or unset)")

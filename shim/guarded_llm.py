@@ -78,7 +78,7 @@ def guarded_class():
 
         def wake_up(self, tags=None, *args, **kwargs):
             llm = self.__wrapped__
-            # Where the vLLM-level check (shim.vllm_guard) named this engine, it releases the cache itself.
+            # Where the sleep check (shim.sleep_check) named this engine, it releases the cache itself.
             release = not sleep_state.state_for(llm).engine
             result, _, _ = sleep_ops.wake(llm, tags, lambda t: llm.wake_up(t, *args, **kwargs), release=release)
             return result

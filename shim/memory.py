@@ -4,6 +4,11 @@ Ascend NPU through ``torch.npu`` from torch_npu).
 The device is the one vLLM runs on: ``vllm.platforms.current_platform.device_type``
 when vLLM is importable, else whichever of CUDA / NPU torch reports. With
 neither, :func:`probe` returns None and the memory features stand down.
+
+Device readings (``mem_get_info`` is device-wide: another process allocating at
+that moment distorts it): :func:`read_settled` around an engine construction,
+:func:`read_before_sleep` / :func:`after_sleep` around a sleep whose freed
+bytes are measured on the device (``shim.sleep_check`` decides which sleeps).
 """
 from __future__ import annotations
 
@@ -67,6 +72,50 @@ def probe() -> Probe | None:
 
     module = getattr(torch, kind, None)
     return Probe(kind, module) if module is not None else None
+
+
+def read_settled(p: Probe, full_gc: bool = False) -> tuple:
+    """(free, total) after synchronize, gc and empty_cache (around an engine construction).
+
+    The collection is of the young generations unless ``full_gc``: a full one
+    costs ~0.1-0.5 s in a training process.
+    """
+    p.synchronize()
+    gc.collect(2 if full_gc else 1)
+    p.empty_cache()
+    return p.mem_get_info()
+
+
+def read_before_sleep(p: Probe) -> tuple:
+    """(free, total) right before a sleep: synchronize, cached blocks given back, read.
+
+    No gc: garbage that still holds device tensors is collected by the sleep
+    itself (``CuMemAllocator.sleep`` ends with ``gc.collect()`` +
+    ``empty_cache``) and then counts as freed by it, as it does in vLLM's own
+    figure; a young-generation collection here would cost milliseconds per
+    sleep for that sliver.
+    """
+    p.synchronize()
+    p.empty_cache()
+    return p.mem_get_info()
+
+
+def after_sleep(p: Probe, read: bool = True) -> "tuple | None":
+    """Right after a sleep; returns (free, total) when ``read``, else None.
+
+    vLLM's ``CuMemAllocator.sleep`` ends with ``gc.collect()`` +
+    ``torch.cuda.empty_cache()``: on CUDA only the read is left. vllm-ascend's
+    ``CaMemAllocator.sleep`` does neither (vllm-ascend#9563: device memory grows
+    every cycle): on NPU the young garbage is collected and the cached blocks
+    given back here, whether or not the device is read.
+    """
+    if p.name != "cuda":
+        p.synchronize()
+        gc.collect(1)
+        p.empty_cache()
+    elif read:
+        p.synchronize()
+    return p.mem_get_info() if read else None
 
 
 def release_cached(p: "Probe | None" = None) -> None:

@@ -1,4 +1,5 @@
-"""Per-tag wake, shared by the vLLM-level guard (``shim.vllm_guard``) and the TRL proxy.
+"""What a vLLM engine says about its sleep, and per-tag wake; shared by the sleep check
+(``shim.sleep_check``) and the TRL proxy (``shim.guarded_llm``).
 
 vLLM's executor (``vllm/v1/executor/abstract.py``) ignores the WHOLE
 ``wake_up(tags)`` call, with a warning, when any requested tag is not asleep:
@@ -21,6 +22,16 @@ def executor_of(obj):
     """The in-process executor (``LLM.llm_engine.model_executor``), or None."""
     engine = sleep_state.engine_of(obj)
     return getattr(engine, "model_executor", None)
+
+
+def engine_sleep_mode(engine) -> "bool | None":
+    """``enable_sleep_mode`` of a built engine (``vllm_config.model_config`` or ``model_config``)."""
+    for cfg in (getattr(getattr(engine, "vllm_config", None), "model_config", None),
+                getattr(engine, "model_config", None)):
+        value = getattr(cfg, "enable_sleep_mode", None)
+        if value is not None:
+            return bool(value)
+    return None
 
 
 def asleep_tags(obj) -> set:

@@ -14,18 +14,29 @@ module records, per engine:
   last invalidation (False after a reload from disk, which brings back the
   initial checkpoint, not the trained weights);
 - ``tracked_bytes`` / ``freed_bytes``: what the sleep pool tracked before the
-  last sleep and what that sleep actually freed on the device (filled in by
-  the vLLM guard, ``shim.vllm_guard``; ``freed_bytes`` is None until a sleep
-  was measured).
+  last sleep and what that sleep freed (filled in by ``shim.sleep_check``;
+  ``freed_bytes`` is None until a sleep was measured; ``measured`` says how:
+  ``"device"`` (``mem_get_info`` before and after) or ``"pool"`` (the pool's
+  own bookkeeping: see ``shim.sleep_verdict``).
 
-Filled in by the vLLM guard as well (for telemetry and the first-sleep check):
-``engine`` (a short id, ``LLMEngine#1``), ``sleep_mode`` (built with
-``enable_sleep_mode``; None if built before the shim was active),
-``engine_bytes`` (device memory the construction took), ``init_routes`` (the
-expandable-segments routes that were on at construction), ``guarded_init``
-(construction ran inside the allocator guard), ``ineffective`` (count of
-ineffective sleeps), ``reset`` (first-sleep reset: ``""``, ``"pending"``,
-``"recovered"``, ``"unrecoverable"``), ``wakes`` (count).
+Filled in by the sleep check (``shim.sleep_check``) for telemetry and the
+first-sleep reset: ``engine`` (a short id, ``LLMEngine#1``), ``built`` (its
+construction was recorded), ``sleep_mode`` (built with ``enable_sleep_mode``;
+None if built before the shim was active), ``engine_bytes`` (device memory the
+construction took), ``init_routes`` (the expandable-segments routes that were
+on at construction), ``ineffective`` (count of ineffective sleeps), ``reset``
+(first-sleep reset: ``""``, ``"pending"``, ``"recovered"``, ``"unrecoverable"``,
+``"failed"``), ``wakes`` (count), and the device-reading schedule
+(``levels_read``, ``since_reading``, ``reading_tracked``, ``read_next``).
+
+Filled in by the allocator guard's wrappers (``shim.vllm_alloc_guard``):
+``guarded_init`` (the construction ran inside the allocator guard) and
+``guard_saw`` (the routes it turned off there).
+
+``call``: the :class:`Call` of the outermost shim wrapper running on this engine
+(None between calls). Every piece of state the wrappers of two patches share
+lives here, on the engine's state, never in a module global or a thread-local.
+:func:`resync` re-reads ``asleep`` from vLLM's executor after an upstream call raised.
 
 The key is the engine object, held by weak reference: ``state_for(llm)`` and
 ``state_for(llm.llm_engine)`` are the same state, because ``vllm.LLM`` delegates
@@ -58,6 +69,14 @@ class SleepState:
     ineffective: int = 0
     reset: str = ""
     wakes: int = 0
+    built: bool = False
+    guard_saw: list = field(default_factory=list)
+    measured: str = ""
+    levels_read: set = field(default_factory=set)
+    since_reading: int = 0
+    reading_tracked: int = 0
+    read_next: bool = False
+    call: "Optional[Call]" = None
 
     @property
     def weights_asleep(self) -> bool:
@@ -67,6 +86,24 @@ class SleepState:
     def needs_push(self) -> bool:
         """True when generating now would not use the trainer's weights."""
         return self.weights_asleep or not self.weights_valid or not self.weights_pushed
+
+
+class Call:
+    """One call of the outermost sleep-check wrapper on an engine (``SleepState.call``).
+
+    Inner wrappers on the same engine in the same thread (``LLM.sleep`` delegates to
+    ``LLMEngine.sleep``) see it and pass straight through; the allocator guard's wake
+    wrapper adds its own seconds to ``guard_s``, which the outer wrapper counts as the
+    shim's time, not vLLM's."""
+
+    __slots__ = ("thread", "guard_s")
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.guard_s = 0.0
+
+    def mine(self) -> bool:
+        return self.thread == threading.get_ident()
 
 
 _lock = threading.Lock()
@@ -123,4 +160,22 @@ def note_weights_reloaded(obj: Any) -> SleepState:
     state = state_for(obj)
     state.weights_valid = True
     state.weights_pushed = False
+    return state
+
+
+def resync(obj: Any, level: Optional[int] = None) -> SleepState:
+    """After an upstream sleep/wake that raised: the record follows what vLLM's executor
+    says is asleep (``sleeping_tags``). A level-2 sleep that failed may have discarded
+    part of the weights: they count as discarded (a push is always safe). Never raises."""
+    state = state_for(obj)
+    try:
+        executor = getattr(engine_of(obj), "model_executor", None)
+        tags = getattr(executor, "sleeping_tags", None)
+        if isinstance(tags, (set, frozenset, list, tuple)):
+            state.asleep = set(tags) & set(TAGS) if getattr(executor, "is_sleeping", bool(tags)) else set()
+        if level is not None and level >= 2:
+            state.weights_valid = False
+            state.weights_pushed = False
+    except Exception:
+        pass
     return state

@@ -1,9 +1,10 @@
 """Sleep/wake telemetry: one event per engine construction, sleep and wake.
 
 Every event is one INFO line through ``shim.log`` with the bytes the sleep
-allocator tracked and the bytes the device actually got back (``mem_get_info``
-right before and after the call, cached blocks given back first: see
-``shim.vllm_guard``). With ``SHIM_TRACE=PATH`` each
+allocator tracked and the bytes the sleep gave back: read on the device
+(``mem_get_info`` right before and after the call, cached blocks given back
+first) or, where ``shim.sleep_verdict``'s rule allows, taken from the sleep
+pool's bookkeeping (``measured``; see ``shim.sleep_check``). With ``SHIM_TRACE=PATH`` each
 event is also appended to PATH as one JSON line; every record carries ``rank``
 (``RANK``/``LOCAL_RANK``) and ``pid``, and is written with one ``os.write`` on an
 ``O_APPEND`` descriptor, so many ranks can share the file without interleaving
@@ -18,7 +19,8 @@ Record keys: ``v`` (schema 1), ``event`` (``init`` | ``sleep`` | ``wake``), ``t`
 ``asleep`` (tags asleep after the event), ``tracked`` (bytes in the sleep pool
 before a sleep / after a wake or init), ``freed`` (sleep) or ``restored``
 (wake) or ``taken`` (init) bytes, ``effective`` (sleep: bool; else null),
-``free`` / ``total`` (device bytes after the event), ``note``, ``shim_s`` (sleep /
+``free`` / ``total`` (device bytes after the event; null when the device was not
+read), ``measured`` (sleep / wake: ``device`` or ``pool``), ``note``, ``shim_s`` (sleep /
 wake: the shim's own seconds around vLLM's call; ``seconds`` is vLLM's call).
 """
 from __future__ import annotations
@@ -51,6 +53,8 @@ def _line(rec: dict) -> str:
         if rec.get("tracked"):
             pct = f" ({100.0 * (rec.get('freed') or 0) / rec['tracked']:.0f}%)"
         verdict = "" if rec.get("effective") is None else (" effective" if rec["effective"] else " INEFFECTIVE")
+        if rec.get("measured") == "pool":
+            pct += " by the pool's bookkeeping"
         return (f"sleep {eng} level={rec.get('level')}: freed {gib(rec.get('freed'))} GiB of "
                 f"{gib(rec.get('tracked'))} GiB tracked{pct} in {secs};{verdict}"
                 + (f" ({rec['note']})" if rec.get("note") else ""))

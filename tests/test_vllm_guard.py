@@ -137,6 +137,40 @@ def test_issue_6636_every_route(model_dir, route):
     assert "sleep summary rank 0: 2 sleeps, 0 ineffective" in proc.stderr
 
 
+BUILD_ENV_BODY = """
+import subprocess
+from vllm.v1.worker.gpu_worker import Worker
+VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+_load = Worker.load_model
+def load_model(self):  # runs inside the engine build, in CuMemAllocator.use_memory_pool("weights")
+    R["inside"] = {k: os.environ.get(k) for k in VARS}
+    R["live_inside"] = dev.expandable_segments
+    code = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (VARS,)
+    R["child"] = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                           check=True).stdout)
+    return _load(self)
+Worker.load_model = load_model
+llm = new_llm()
+R["after"] = {k: os.environ.get(k) for k in VARS}
+"""
+
+
+@pytest.mark.parametrize("route", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+                                   "PYTORCH_NPU_ALLOC_CONF"])
+def test_every_env_route_off_inside_the_build(model_dir, route):
+    """Processes started during the build (vLLM's multiprocessing workers, compile workers)
+    inherit the ENV, not this process's live allocator setting: each route must read
+    expandable segments off inside the build, whatever the live setting says."""
+    off, _ = scenario(model_dir, BUILD_ENV_BODY, shim=False, **{route: VALUE})
+    on, _ = scenario(model_dir, BUILD_ENV_BODY, shim=True, **{route: VALUE})
+    others = {k: None for k in on["inside"] if k != route}
+    assert off["inside"] == off["child"] == {**others, route: VALUE}  # without the shim: on inside the build
+    off_value = "max_split_size_mb:128,expandable_segments:False"
+    assert on["inside"] == on["child"] == {**others, route: off_value}  # the other keys kept
+    assert on["live_inside"] is False
+    assert on["after"] == {**others, route: VALUE}  # the user's exact string back
+
+
 # ---------------------------------------------------------------------------
 # ineffective sleeps: detected, explained, re-checked after warm-up
 # ---------------------------------------------------------------------------
@@ -212,10 +246,10 @@ def test_reset_reissue_failure_never_stops_training(model_dir):
 def test_reset_recovered_branch():
     """The re-check logs a recovered engine (in-process unit: no stand-in case recovers at run time)."""
     code = textwrap.dedent("""
-        from shim import log, sleep_state, vllm_guard
+        from shim import first_sleep_reset, sleep_state
         s = sleep_state.SleepState(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1)
-        vllm_guard._reset_outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
-        vllm_guard._reset_outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
+        first_sleep_reset.outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
+        first_sleep_reset.outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
         print(s.reset)
     """)
     proc = run_python(code)
@@ -286,7 +320,12 @@ def test_trace_and_report(model_dir, tmp_path):
     records = [r for r in records if r["event"] != "activate"]
     assert [r["event"] for r in records] == ["init", "sleep", "wake", "sleep"]
     for r in records:
-        assert r["rank"] == 0 and r["engine"] == "LLMEngine#1" and r["pid"] and r["free"] <= r["total"]
+        assert r["rank"] == 0 and r["engine"] == "LLMEngine#1" and r["pid"]
+    # the first sleep and its wake are read on the device; the second sleep (same level, pool as at the
+    # last reading) is verified from the pool's bookkeeping (shim.sleep_verdict), without device figures
+    assert [r.get("measured") for r in records] == [None, "device", "device", "pool"]
+    assert all(r["free"] <= r["total"] for r in records[:3]) and records[3]["free"] is None
+    assert records[3]["freed"] == records[3]["tracked"] == records[1]["tracked"]
     s = records[1]
     assert s["level"] == 1 and s["effective"] is True and s["freed"] >= 0.9 * s["tracked"] > 10 * GiB
     assert records[2]["tags"] == ["kv_cache", "weights"] and records[2]["restored"] > 10 * GiB
