@@ -3,7 +3,7 @@ memory check), ``load_model`` (under ``CuMemAllocator.use_memory_pool(tag="weigh
 when sleep mode is on), ``initialize_from_config`` (KV cache under
 ``use_memory_pool(tag="kv_cache")``), ``sleep`` (level 1 offloads tag "weights",
 level 2 offloads nothing but saves ``model.named_buffers()``), ``wake_up``
-(restores the saved buffers), ``reload_weights``.
+(restores the saved buffers; tag-blind before 0.27.0, see ``wake_up``), ``reload_weights``.
 """
 from __future__ import annotations
 
@@ -125,16 +125,36 @@ class Worker(WorkerBase):
     def wake_up(self, tags: list[str] | None = None) -> None:
         allocator = self._allocator()
         allocator.wake_up(tags)
-        if len(self._sleep_saved_buffers):
+        # Restore the buffers after level 2 sleep. Up to vLLM 0.26.x (and every vllm-ascend so far)
+        # this ignores ``tags``: after ``wake_up(["kv_cache"])`` the saved buffers (rope
+        # cos_sin_cache, inv_freq) are copied into the still-unmapped weight memory and the saved
+        # copies dropped; the later weights wake maps fresh pages (undefined contents). 0.27.0 gates
+        # it on ``tags is None or "weights" in tags`` (read in the 0.25/0.26/0.27 wheels).
+        wake_weights = tags is None or "weights" in tags
+        if (wake_weights or not self._restore_gated()) and len(self._sleep_saved_buffers):
             model = self.model_runner.model
-            for name, buffer in model.named_buffers():
-                if name in self._sleep_saved_buffers:
-                    buffer.data.copy_(self._sleep_saved_buffers[name].data)
-            self._sleep_saved_buffers = {}
+            if not self.model_runner._weights_accessible():
+                n = len(self._sleep_saved_buffers)
+                self._sleep_saved_buffers = {}
+                _fake.log_event("buffer_restore", lost=True, n_buffers=n, tags=tags,
+                                note="weights tag unmapped: saved buffers written into unmapped memory and dropped")
+                if _fake.DEVICE_TYPE == "npu":
+                    from vllm.v1.worker.gpu_model_runner import _device_fault
+                    raise _device_fault()
+            else:
+                for name, buffer in model.named_buffers():
+                    if name in self._sleep_saved_buffers:
+                        buffer.data.copy_(self._sleep_saved_buffers[name].data)
+                _fake.log_event("buffer_restore", lost=False, n_buffers=len(self._sleep_saved_buffers), tags=tags)
+                self._sleep_saved_buffers = {}
         r = self.model_runner
         _fake.log_event("worker_wake_up", tags=tags, weights_fp=r.weights_fp(),
                         is_checkpoint=r.weights_fp() == r.checkpoint_fp,
                         free_bytes=self._mem_get_info()[0])
+
+    def _restore_gated(self) -> bool:
+        """vLLM >= 0.27.0 restores the saved buffers only when the weights are woken."""
+        return _fake.V >= _fake.Version("0.27.0")
 
     def reload_weights(self, *args, **kwargs) -> None:
         self.model_runner.reload_weights(*args, **kwargs)
