@@ -36,9 +36,6 @@ class NPUWorker(Worker):
 
     _workspace = None
 
-    def _restore_gated(self) -> bool:
-        return False  # vllm-ascend <= 0.25.1rc1 and main: tag-blind buffer restore
-
     def _workspace_bytes(self) -> int:
         return int(float(os.environ.get("FAKEVLLM_NPU_WORKSPACE_MB") or 0) * 2**20)
 
@@ -49,7 +46,14 @@ class NPUWorker(Worker):
         super().sleep(level)
 
     def wake_up(self, tags=None) -> None:
-        super().wake_up(tags)
+        """vllm-ascend 0.23.0 ``NPUWorker.wake_up``: allocator wake, then the level-2 buffer restore
+        without looking at ``tags`` (unchanged up to 0.25.1rc1 and main)."""
+        allocator = self._allocator()
+        allocator.wake_up(tags=tags)
+        # Restore the buffers after level 2 sleep
+        if len(self._sleep_saved_buffers):
+            self._restore_saved_buffers(tags)
+        self._log_wake(tags)
         if (tags is None or "kv_cache" in tags) and self._workspace is None and self._workspace_bytes():
             self._workspace = DEVICE.allocate(self._workspace_bytes(), label="npu_workspace")
 

@@ -122,39 +122,52 @@ class Worker(WorkerBase):
         _fake.log_event("worker_sleep", level=level, freed_bytes=freed_bytes, used_bytes=used_bytes,
                         pool_bytes=allocator.get_current_usage())
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
+    def _wake_up_tag_blind(self, tags: list[str] | None = None) -> None:
+        """``Worker.wake_up`` up to vLLM 0.26.x (read in the 0.10.2-0.26.0 wheels): the buffers
+        saved by a level-2 sleep (rope cos_sin_cache, inv_freq) are restored whatever ``tags``
+        says; after ``wake_up(["kv_cache"])`` they are written into the still-unmapped weight
+        memory and the saved copies dropped, so the later weights wake maps fresh pages
+        (undefined contents) and nothing restores them."""
         allocator = self._allocator()
         allocator.wake_up(tags)
-        # Restore the buffers after level 2 sleep. Up to vLLM 0.26.x (and every vllm-ascend so far)
-        # this ignores ``tags``: after ``wake_up(["kv_cache"])`` the saved buffers (rope
-        # cos_sin_cache, inv_freq) are copied into the still-unmapped weight memory and the saved
-        # copies dropped; the later weights wake maps fresh pages (undefined contents). 0.27.0 gates
-        # it on ``tags is None or "weights" in tags`` (read in the 0.25/0.26/0.27 wheels).
+        # Restore the buffers after level 2 sleep
+        if len(self._sleep_saved_buffers):
+            self._restore_saved_buffers(tags)
+        self._log_wake(tags)
+
+    def _wake_up_gated(self, tags: list[str] | None = None) -> None:
+        """``Worker.wake_up`` from vLLM 0.27.0: the restore waits for the weights tag."""
+        allocator = self._allocator()
+        allocator.wake_up(tags)
         wake_weights = tags is None or "weights" in tags
-        if (wake_weights or not self._restore_gated()) and len(self._sleep_saved_buffers):
-            model = self.model_runner.model
-            if not self.model_runner._weights_accessible():
-                n = len(self._sleep_saved_buffers)
-                self._sleep_saved_buffers = {}
-                _fake.log_event("buffer_restore", lost=True, n_buffers=n, tags=tags,
-                                note="weights tag unmapped: saved buffers written into unmapped memory and dropped")
-                if _fake.DEVICE_TYPE == "npu":
-                    from vllm.v1.worker.gpu_model_runner import _device_fault
-                    raise _device_fault()
-            else:
-                for name, buffer in model.named_buffers():
-                    if name in self._sleep_saved_buffers:
-                        buffer.data.copy_(self._sleep_saved_buffers[name].data)
-                _fake.log_event("buffer_restore", lost=False, n_buffers=len(self._sleep_saved_buffers), tags=tags)
-                self._sleep_saved_buffers = {}
+        if wake_weights and len(self._sleep_saved_buffers):
+            self._restore_saved_buffers(tags)
+        self._log_wake(tags)
+
+    def _restore_saved_buffers(self, tags) -> None:
+        model = self.model_runner.model
+        n = len(self._sleep_saved_buffers)
+        if not self.model_runner._weights_accessible():
+            self._sleep_saved_buffers = {}
+            _fake.log_event("buffer_restore", lost=True, n_buffers=n, tags=tags,
+                            note="weights tag unmapped: saved buffers written into unmapped memory and dropped")
+            if _fake.DEVICE_TYPE == "npu":
+                from vllm.v1.worker.gpu_model_runner import _device_fault
+                raise _device_fault()
+            return
+        for name, buffer in model.named_buffers():
+            if name in self._sleep_saved_buffers:
+                buffer.data.copy_(self._sleep_saved_buffers[name].data)
+        self._sleep_saved_buffers = {}
+        _fake.log_event("buffer_restore", lost=False, n_buffers=n, tags=tags)
+
+    def _log_wake(self, tags) -> None:
         r = self.model_runner
         _fake.log_event("worker_wake_up", tags=tags, weights_fp=r.weights_fp(),
                         is_checkpoint=r.weights_fp() == r.checkpoint_fp,
                         free_bytes=self._mem_get_info()[0])
 
-    def _restore_gated(self) -> bool:
-        """vLLM >= 0.27.0 restores the saved buffers only when the weights are woken."""
-        return _fake.V >= _fake.Version("0.27.0")
+    wake_up = _wake_up_gated if _fake.V >= _fake.Version("0.27.0") else _wake_up_tag_blind
 
     def reload_weights(self, *args, **kwargs) -> None:
         self.model_runner.reload_weights(*args, **kwargs)
