@@ -1,16 +1,16 @@
 """Waking kv_cache before weights after a level-2 sleep loses the saved buffers (rope caches).
 
-Upstream: vLLM Worker.wake_up restores the buffers saved by sleep(level=2) whatever the tags (gated on
-          "weights" from 0.27.0; read in the 0.25.0/0.26.0/0.27.0 wheels); vllm-ascend NPUWorker.wake_up
-          likewise in every release (0.23.0, 0.25.1rc1, main)
+Upstream: vllm-project/vllm#45619 (gate the level-2 buffer restore on the weights tag): Worker.wake_up
+          restores the buffers saved by sleep(level=2) whatever the tags up to 0.26.x, gated from 0.27.0
+          (read in the 0.25.0/0.26.0/0.27.0 wheels); vllm-ascend NPUWorker.wake_up is tag-blind in every
+          release (0.23.0, 0.25.1rc1, main)
 Affects:  vllm >=0.8.0,<0.27.0; vllm-ascend >=0.13.0 (vllm_ascend.worker.worker); a trainer that wakes
           kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29)
 Remove:   when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the restore
 
-The saved buffers are copied into the still-unmapped weight memory and dropped;
-the later weights wake leaves them undefined, and no weight push restores them
-(they are not in any checkpoint): wrong rotary embeddings on CUDA, an MTE fault
-on NPU. The patch wraps the worker's ``wake_up``: a wake without ``weights``
+The saved buffers are copied into the still-unmapped weight memory:
+CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
+copies are dropped; no weight push restores them (they are in no checkpoint). The patch wraps the worker's ``wake_up``: a wake without ``weights``
 leaves the saved buffers for the weights wake (``shim.buffer_keep``). The probe
 reads ``wake_up`` and stands down where the restore already waits for the
 weights tag.
@@ -40,7 +40,7 @@ _probe_npu, _apply_npu = _binding("NPUWorker")
 
 GPU = Patch(
     id="vllm-level2-buffers",
-    issue="vLLM Worker.wake_up tag-blind buffer restore (fixed in 0.27.0)",
+    issue="vllm-project/vllm#45619",
     distribution="vllm",
     affected=">=0.8.0,<0.27.0",
     fixed_in="0.27.0",
@@ -53,7 +53,7 @@ GPU = Patch(
 
 NPU = Patch(
     id="vllm-ascend-level2-buffers",
-    issue="vllm-ascend NPUWorker.wake_up tag-blind buffer restore (no fix released)",
+    issue="vllm-ascend NPUWorker.wake_up (as vllm#45619, unfixed)",
     distribution="vllm-ascend",
     affected=">=0.13.0rc1",
     module="vllm_ascend.worker.worker",

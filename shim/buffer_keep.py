@@ -6,8 +6,9 @@ brings them back) and ``Worker.wake_up`` restores them. Up to vLLM 0.26.x (gated
 ``weights`` tag from 0.27.0; the wheels read: 0.10.2-0.26.0 tag-blind, 0.27.0+ gated) and in
 every vllm-ascend release (``NPUWorker.wake_up``, 0.23.0 and main), the restore ignores
 ``tags``: ``wake_up(["kv_cache"])`` after a level-2 sleep copies the buffers into the
-still-unmapped weight memory (lost on CUDA; an MTE fault on NPU) and drops the saved copies,
-so the later ``wake_up(["weights"])`` leaves them undefined.
+still-unmapped weight memory (CUDA_ERROR_ILLEGAL_ADDRESS, vllm#45619; an MTE fault on NPU), and
+where the copy does not fault it drops the saved copies, so the later ``wake_up(["weights"])``
+leaves them undefined.
 
 :func:`keep_buffers` (a wrapper of the worker's ``wake_up``) hides the saved buffers from a
 wake that does not include ``weights`` and puts them back afterwards, so the weights wake

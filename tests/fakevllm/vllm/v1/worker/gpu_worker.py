@@ -125,9 +125,9 @@ class Worker(WorkerBase):
     def _wake_up_tag_blind(self, tags: list[str] | None = None) -> None:
         """``Worker.wake_up`` up to vLLM 0.26.x (read in the 0.10.2-0.26.0 wheels): the buffers
         saved by a level-2 sleep (rope cos_sin_cache, inv_freq) are restored whatever ``tags``
-        says; after ``wake_up(["kv_cache"])`` they are written into the still-unmapped weight
-        memory and the saved copies dropped, so the later weights wake maps fresh pages
-        (undefined contents) and nothing restores them."""
+        says; after ``wake_up(["kv_cache"])`` the copy into the still-unmapped weight memory
+        faults (vllm#45619: CUDA_ERROR_ILLEGAL_ADDRESS; NPU: MTE out of range) and the saved
+        copies are gone, so a later weights wake could not restore them anyway."""
         allocator = self._allocator()
         allocator.wake_up(tags)
         # Restore the buffers after level 2 sleep
@@ -150,11 +150,11 @@ class Worker(WorkerBase):
         if not self.model_runner._weights_accessible():
             self._sleep_saved_buffers = {}
             _fake.log_event("buffer_restore", lost=True, n_buffers=n, tags=tags,
-                            note="weights tag unmapped: saved buffers written into unmapped memory and dropped")
-            if _fake.DEVICE_TYPE == "npu":
-                from vllm.v1.worker.gpu_model_runner import _device_fault
-                raise _device_fault()
-            return
+                            note="weights tag unmapped: saved buffers copied into unmapped memory and dropped")
+            # vllm#45619: "the restore loop executed buffer.data.copy_(saved) into a still-unmapped VA,
+            # raising CUDA_ERROR_ILLEGAL_ADDRESS" (NPU: the MTE fault), after the saved copies were dropped.
+            from vllm.v1.worker.gpu_model_runner import _device_fault
+            raise _device_fault()
         for name, buffer in model.named_buffers():
             if name in self._sleep_saved_buffers:
                 buffer.data.copy_(self._sleep_saved_buffers[name].data)
