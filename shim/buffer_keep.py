@@ -47,9 +47,9 @@ def keep_buffers(wrapped, instance, args, kwargs):
 
 def probe_restore(cls) -> "str | None":
     """None where ``cls.wake_up`` restores the saved buffers without looking at the tags; else why not."""
-    wake = getattr(cls, "wake_up", None)
+    wake = vars(cls).get("wake_up")  # the class's own (vLLM's Worker, vllm-ascend's NPUWorker)
     if wake is None:
-        return f"upstream shape changed ({cls.__name__} has no wake_up)"
+        return f"upstream shape changed ({cls.__name__} defines no wake_up)"
     try:
         source = inspect.getsource(wake)
     except (OSError, TypeError):
