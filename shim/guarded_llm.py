@@ -135,5 +135,9 @@ def is_guarded(llm) -> bool:
 
 
 def after_push(llm) -> None:
-    """Call after the trainer's push function returned."""
+    """Call after the trainer's push function returned: the weights are the trainer's, and what
+    the old weights computed (encoder / multi-modal caches, ``shim.engine_caches``) is dropped."""
+    from shim import engine_caches
+
     sleep_state.note_weights_pushed(getattr(llm, "__wrapped__", llm))
+    engine_caches.after_push(llm)

@@ -53,6 +53,10 @@ TARGETS = {
     "vllm-sleep-guard": ("vllm", "0.24.0"),
     "vllm-sleep-check": ("vllm", "0.24.0"),
     "vllm-llm-sleep-check": ("vllm", "0.24.0"),
+    "trl-vlm-encoder-cache": ("trl", "1.16.0"),
+    "vllm-prefix-reset-check": ("vllm", "0.24.0"),
+    "vllm-level2-buffers": ("vllm", "0.24.0"),
+    "vllm-ascend-level2-buffers": ("vllm-npu", "0.24.0"),
 }
 
 
@@ -72,6 +76,12 @@ def _environment(kind: str, release: str):
 
         python, vllm = str(swift_python(release)), swift_vllm_for(release)
         path = [fake_site(vllm), *swift_pythonpath(release)]
+    elif kind == "vllm-npu":  # the stand-in in NPU mode, with vllm-ascend metadata
+        from tests.stand_in import site
+
+        python, vllm = sys.executable, release
+        path = [site(release, "npu")]
+        env["FAKEVLLM_DEVICE"] = "npu"
     else:
         python, vllm = sys.executable, release
         path = [fake_site(release)]

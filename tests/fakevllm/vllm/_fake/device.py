@@ -81,6 +81,7 @@ class FakeDevice:
         self.context = CONTEXT_BYTES
         self.allocations: dict[int, Allocation] = {}
         self.cache_bytes = 0              # freed plain blocks the caching allocator keeps
+        self.stranded_bytes = 0           # cached blocks it can no longer reuse (NPU, see map())
         self._ptr = itertools.count(0x7F0000000000, 0x100000)
         self._initialised = False
         self.settings: dict[str, str] = {}
@@ -125,7 +126,7 @@ class FakeDevice:
 
     # -- memory --------------------------------------------------------------
     def used(self) -> int:
-        return self.context + self.cache_bytes + sum(a.nbytes for a in self.allocations.values() if a.mapped)
+        return self.context + self.cache_bytes + self.stranded_bytes + sum(a.nbytes for a in self.allocations.values() if a.mapped)
 
     def mem_get_info(self) -> tuple[int, int]:
         self.ensure_init()
@@ -187,11 +188,19 @@ class FakeDevice:
             a.mapped = True
             if a.payload is not None:
                 a.payload.scramble()
+            if self.device_type == "npu" and self.cache_bytes:
+                # vllm-ascend#9563 (issue thread, vllm-ascend 0.18.0): blocks left cached across a
+                # sleep are not reused after the wake re-maps the pool ("fragmented"), so each
+                # sleep/wake cycle that skips empty_cache leaves them behind; only empty_cache
+                # gives them back. Modelled from the report, not from code.
+                self.stranded_bytes += self.cache_bytes
+                self.cache_bytes = 0
 
     def empty_cache(self) -> None:
         self.ensure_init()
         with self.lock:
             self.cache_bytes = 0
+            self.stranded_bytes = 0
 
     def synchronize(self, device=None) -> None:
         self.ensure_init()
@@ -201,6 +210,7 @@ class FakeDevice:
         with self.lock:
             self.allocations.clear()
             self.cache_bytes = 0
+            self.stranded_bytes = 0
             self._initialised = False
             self.settings = {}
             self.active_pool = None

@@ -131,6 +131,10 @@ class CuMemAllocator:
             total_bytes / 1024**3, backup_bytes / 1024**3, (total_bytes - backup_bytes) / 1024**3)
         _fake.log_event("allocator_sleep", allocator=type(self).__name__, offload_tags=list(offload_tags),
                         pool_bytes=total_bytes, backup_bytes=backup_bytes)
+        self._after_sleep()
+
+    def _after_sleep(self) -> None:
+        """vLLM's ``CuMemAllocator.sleep`` ends with ``gc.collect()`` + ``torch.cuda.empty_cache()``."""
         gc.collect()
         self._empty_cache()
 

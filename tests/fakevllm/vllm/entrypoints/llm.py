@@ -1,13 +1,15 @@
 """Mirrors vllm/entrypoints/llm.py ``LLM``: constructor (EngineArgs keywords),
 ``generate``, ``chat``, ``sleep(level, mode)``, ``wake_up(tags)``,
 ``collective_rpc(method, timeout, args, kwargs)``, ``reset_prefix_cache``,
-``get_tokenizer``.  (``LLM`` has no ``is_sleeping``; use
+``reset_mm_cache`` (0.12+; no ``reset_encoder_cache`` on ``LLM`` up to 0.31: it is
+``llm.llm_engine.reset_encoder_cache``), ``get_tokenizer``.  (``LLM`` has no ``is_sleeping``; use
 ``llm.llm_engine.is_sleeping()``.)
 
 Prompts accepted by ``generate``: str, ``{"prompt": str}``,
 ``{"prompt_token_ids": [...]}`` (TokensPrompt), optionally with
-``multi_modal_data`` (accepted, ignored by the text-only fake model), or a list
-of these.
+``multi_modal_data`` (each item goes through the encoder cache,
+``vllm.v1.core.encoder_cache_manager``; the text-only fake model ignores the
+embedding itself), or a list of these.
 """
 from __future__ import annotations
 
@@ -108,7 +110,11 @@ class LLM:
         return self.collective_rpc(lambda self_: func(self_.get_model()))
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False):
-        return self.llm_engine.reset_prefix_cache()
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
+
+    def reset_mm_cache(self) -> None:
+        """0.12+ (``renderer.clear_mm_cache()`` + ``llm_engine.reset_mm_cache()``)."""
+        self.llm_engine.reset_mm_cache()
 
     def sleep(self, level: int = 1, mode: str = "abort"):
         if _fake.V < _fake.Version("0.10.0"):
@@ -123,3 +129,7 @@ class LLM:
 
     def stop_profile(self):
         return None
+
+
+if _fake.V < _fake.Version("0.12.0"):
+    del LLM.reset_mm_cache

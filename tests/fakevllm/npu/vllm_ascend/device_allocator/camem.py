@@ -3,9 +3,18 @@ vLLM's CuMemAllocator on torch.npu; ``__init__`` asserts that the ENV STRING
 PYTORCH_NPU_ALLOC_CONF has no "expandable_segments:True" (a run-time setting or
 an env var rewritten after torch_npu initialised passes the assert while the
 allocator still has expandable segments on); ``use_memory_pool`` does NOT
-toggle expandable segments."""
+toggle expandable segments.
+
+``sleep`` ends with ``gc.collect()`` + ``torch.npu.empty_cache()`` only from vllm-ascend
+0.19.1rc1 (PR #7709; read in the v0.18.0 and v0.19.1rc1 tags): before that, blocks freed during
+the sleep stay cached on the device (vllm-ascend#9563)."""
+import gc
 import os
 from contextlib import contextmanager
+
+from packaging.version import Version
+
+from vllm import _fake
 
 import torch
 
@@ -39,6 +48,11 @@ class CaMemAllocator(CuMemAllocator):
 
     def _empty_cache(self):
         torch.npu.empty_cache()
+
+    def _after_sleep(self) -> None:
+        if Version(_fake.ASCEND_VERSION) >= Version("0.19.1rc1"):
+            gc.collect()
+            self._empty_cache()
 
     def _expandable_toggle(self) -> bool:
         return False

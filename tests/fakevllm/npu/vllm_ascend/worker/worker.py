@@ -3,11 +3,21 @@ sleep/wake_up through CaMemAllocator and torch.npu.mem_get_info; NO
 ``reload_weights`` before vllm-ascend 0.24.0rc1 (so
 ``collective_rpc("reload_weights")`` raises vLLM's
 NotImplementedError("Method 'reload_weights' is not implemented.")); sleep
-does not check enable_sleep_mode."""
+does not check enable_sleep_mode.
+
+Workspace (FAKEVLLM_NPU_WORKSPACE_MB, default 0): vllm-ascend#9563 reports ~240 MB of device
+memory allocated after every wake besides the weights and the KV cache ("suspected workspace").
+The stand-in allocates it as a plain (caching-allocator) block when the KV cache is woken and
+frees it when the worker sleeps, so it lands in the allocator's cache; whether that cache is
+given back depends on ``CaMemAllocator.sleep`` (0.19.1rc1+: empty_cache) and on the caller.
+Restoring the level-2 buffers ignores ``tags`` in every vllm-ascend release (``Worker.wake_up``)."""
+import os
+
 import torch
 from packaging.version import Version
 
 from vllm import _fake
+from vllm._fake.device import DEVICE
 from vllm.v1.worker.gpu_worker import Worker
 
 
@@ -23,6 +33,29 @@ class NPUWorker(Worker):
     def _allocator(self):
         from vllm_ascend.device_allocator.camem import CaMemAllocator
         return CaMemAllocator.get_instance()
+
+    _workspace = None
+
+    def _workspace_bytes(self) -> int:
+        return int(float(os.environ.get("FAKEVLLM_NPU_WORKSPACE_MB") or 0) * 2**20)
+
+    def sleep(self, level: int = 1) -> None:
+        if self._workspace is not None:
+            DEVICE.free(self._workspace)
+            self._workspace = None
+        super().sleep(level)
+
+    def wake_up(self, tags=None) -> None:
+        """vllm-ascend 0.23.0 ``NPUWorker.wake_up``: allocator wake, then the level-2 buffer restore
+        without looking at ``tags`` (unchanged up to 0.25.1rc1 and main)."""
+        allocator = self._allocator()
+        allocator.wake_up(tags=tags)
+        # Restore the buffers after level 2 sleep
+        if len(self._sleep_saved_buffers):
+            self._restore_saved_buffers(tags)
+        self._log_wake(tags)
+        if (tags is None or "kv_cache" in tags) and self._workspace is None and self._workspace_bytes():
+            self._workspace = DEVICE.allocate(self._workspace_bytes(), label="npu_workspace")
 
     def __getattribute__(self, name):
         if name == "reload_weights" and Version(_fake.ASCEND_VERSION) < Version("0.24.0rc1"):

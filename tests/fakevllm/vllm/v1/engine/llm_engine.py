@@ -44,6 +44,8 @@ class LLMEngine:
         seed = self.model_config.seed
         self._generator = torch.Generator().manual_seed(int(seed or 0))
         self._req_counter = itertools.count()
+        from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+        self.encoder_cache_manager = EncoderCacheManager()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context=None, stat_loggers=None,
@@ -62,7 +64,7 @@ class LLMEngine:
         if level < 1:
             _fake.log_event("pause_scheduling", level=level)
             return
-        self.reset_prefix_cache()
+        self._reset_caches()
         self.model_executor.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None):
@@ -76,10 +78,32 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         return self._scheduler_paused or self.model_executor.is_sleeping
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+    def _reset_caches(self) -> None:
+        """What ``EngineCore.sleep`` resets (through ``pause_scheduler``), not the public method."""
+        if _fake.V >= _fake.Version("0.17.0"):
+            self.__dict__.pop("_pending", None)  # mode="abort": in-flight requests aborted
+            self._core_reset_prefix_cache(True)
+            self.encoder_cache_manager.reset()
+            _fake.log_event("reset_encoder_cache", where="sleep")
+        else:
+            self._core_reset_prefix_cache(True)
+
+    def _core_reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        in_use = len(self.__dict__.get("_pending", ()))
+        if in_use and not reset_running_requests:
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", in_use)
+            _fake.log_event("reset_prefix_cache", ok=False, blocks_in_use=in_use)
+            return False
         ok = self.model_executor.reset_prefix_cache()
-        _fake.log_event("reset_prefix_cache")
+        _fake.log_event("reset_prefix_cache", ok=ok, preempted=in_use)
         return ok
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False,
+                           **kwargs) -> "bool | None":
+        if _fake.V < _fake.Version("0.12.0"):  # reset_prefix_cache(device=None): result dropped
+            self._core_reset_prefix_cache(False)
+            return None
+        return self._core_reset_prefix_cache(bool(reset_running_requests))
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         return self.model_executor.collective_rpc(method, timeout, args, kwargs)
@@ -109,9 +133,14 @@ class LLMEngine:
         return outputs
 
     def reset_mm_cache(self) -> None:
+        """The multi-modal processor caches (P0/P1: processed inputs, no weights involved)."""
+        _fake.log_event("reset_mm_cache")
         return None
 
     def reset_encoder_cache(self) -> None:
+        """``EngineCore.reset_encoder_cache``: scheduler manager + runner storage (0.16+)."""
+        self.encoder_cache_manager.reset()
+        _fake.log_event("reset_encoder_cache", where="api")
         return None
 
     def add_lora(self, lora_request) -> bool:
@@ -148,8 +177,20 @@ class LLMEngine:
         outputs = []
         stale_hits = 0
         n_tokens = 0
+        encoder = {"hits": 0, "stale": 0, "computed": 0}
+        from vllm.v1.core.encoder_cache_manager import mm_hash, mm_items
         for prompt, sp in zip(prompts, params):
             ids = list(prompt["prompt_token_ids"])
+            rid = str(next(self._req_counter))
+            for item in mm_items(prompt.get("multi_modal_data")):
+                key = mm_hash(item)
+                cached = self.encoder_cache_manager.lookup(rid, key)
+                if cached is None:  # the encoder runs with the current weights
+                    self.encoder_cache_manager.store(rid, key, fp)
+                    encoder["computed"] += 1
+                else:
+                    encoder["hits"] += 1
+                    encoder["stale"] += cached != fp
             if len(ids) >= self.model_config.max_model_len:
                 raise ValueError(f"The decoder prompt (length {len(ids)}) is longer than the maximum model "
                                  f"length of {self.model_config.max_model_len}.")
@@ -173,11 +214,17 @@ class LLMEngine:
                     tok is not None and sp.detokenize) else ""
                 comps.append(CompletionOutput(i, text, toks, cum if sp.logprobs is not None else None, lps,
                                               finish, stop_reason))
-            rid = str(next(self._req_counter))
+            self.encoder_cache_manager.free_request(rid)
             outputs.append(RequestOutput(rid, prompt.get("prompt"), ids, None, comps, True,
                                          lora_request=None))
         _fake.log_event(kind, n_prompts=len(prompts), n_completions=sum(len(o.outputs) for o in outputs),
                         n_tokens=n_tokens, weights_fp=fp, is_checkpoint=fp == runner.checkpoint_fp,
                         weights_origin=runner.weights_origin, stale_prefix_hits=stale_hits,
+                        encoder_hits=encoder["hits"], stale_encoder_hits=encoder["stale"],
+                        encoder_computed=encoder["computed"],
                         in_pool=runner.weights_alloc.pool is not None)
         return outputs
+
+
+if _fake.V < _fake.Version("0.16.0"):  # added in 0.16.0 (absent in 0.14.0)
+    del LLMEngine.reset_encoder_cache

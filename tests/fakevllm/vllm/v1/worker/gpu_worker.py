@@ -3,7 +3,7 @@ memory check), ``load_model`` (under ``CuMemAllocator.use_memory_pool(tag="weigh
 when sleep mode is on), ``initialize_from_config`` (KV cache under
 ``use_memory_pool(tag="kv_cache")``), ``sleep`` (level 1 offloads tag "weights",
 level 2 offloads nothing but saves ``model.named_buffers()``), ``wake_up``
-(restores the saved buffers), ``reload_weights``.
+(restores the saved buffers; tag-blind before 0.27.0, see ``wake_up``), ``reload_weights``.
 """
 from __future__ import annotations
 
@@ -122,19 +122,52 @@ class Worker(WorkerBase):
         _fake.log_event("worker_sleep", level=level, freed_bytes=freed_bytes, used_bytes=used_bytes,
                         pool_bytes=allocator.get_current_usage())
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
+    def _wake_up_tag_blind(self, tags: list[str] | None = None) -> None:
+        """``Worker.wake_up`` up to vLLM 0.26.x (read in the 0.10.2-0.26.0 wheels): the buffers
+        saved by a level-2 sleep (rope cos_sin_cache, inv_freq) are restored whatever ``tags``
+        says; after ``wake_up(["kv_cache"])`` the copy into the still-unmapped weight memory
+        faults (vllm#45619: CUDA_ERROR_ILLEGAL_ADDRESS; NPU: MTE out of range) and the saved
+        copies are gone, so a later weights wake could not restore them anyway."""
         allocator = self._allocator()
         allocator.wake_up(tags)
+        # Restore the buffers after level 2 sleep
         if len(self._sleep_saved_buffers):
-            model = self.model_runner.model
-            for name, buffer in model.named_buffers():
-                if name in self._sleep_saved_buffers:
-                    buffer.data.copy_(self._sleep_saved_buffers[name].data)
+            self._restore_saved_buffers(tags)
+        self._log_wake(tags)
+
+    def _wake_up_gated(self, tags: list[str] | None = None) -> None:
+        """``Worker.wake_up`` from vLLM 0.27.0: the restore waits for the weights tag."""
+        allocator = self._allocator()
+        allocator.wake_up(tags)
+        wake_weights = tags is None or "weights" in tags
+        if wake_weights and len(self._sleep_saved_buffers):
+            self._restore_saved_buffers(tags)
+        self._log_wake(tags)
+
+    def _restore_saved_buffers(self, tags) -> None:
+        model = self.model_runner.model
+        n = len(self._sleep_saved_buffers)
+        if not self.model_runner._weights_accessible():
             self._sleep_saved_buffers = {}
+            _fake.log_event("buffer_restore", lost=True, n_buffers=n, tags=tags,
+                            note="weights tag unmapped: saved buffers copied into unmapped memory and dropped")
+            # vllm#45619: "the restore loop executed buffer.data.copy_(saved) into a still-unmapped VA,
+            # raising CUDA_ERROR_ILLEGAL_ADDRESS" (NPU: the MTE fault), after the saved copies were dropped.
+            from vllm.v1.worker.gpu_model_runner import _device_fault
+            raise _device_fault()
+        for name, buffer in model.named_buffers():
+            if name in self._sleep_saved_buffers:
+                buffer.data.copy_(self._sleep_saved_buffers[name].data)
+        self._sleep_saved_buffers = {}
+        _fake.log_event("buffer_restore", lost=False, n_buffers=n, tags=tags)
+
+    def _log_wake(self, tags) -> None:
         r = self.model_runner
         _fake.log_event("worker_wake_up", tags=tags, weights_fp=r.weights_fp(),
                         is_checkpoint=r.weights_fp() == r.checkpoint_fp,
                         free_bytes=self._mem_get_info()[0])
+
+    wake_up = _wake_up_gated if _fake.V >= _fake.Version("0.27.0") else _wake_up_tag_blind
 
     def reload_weights(self, *args, **kwargs) -> None:
         self.model_runner.reload_weights(*args, **kwargs)

@@ -1,0 +1,89 @@
+"""After a weight push: stale encoder embeddings (huggingface/trl#7198) and a prefix-cache reset
+that fails silently (vllm-project/vllm#28827). Patches ``trl-vlm-encoder-cache`` and
+``vllm-prefix-reset-check`` (``shim.engine_caches``).
+
+The TRL cases drive the REAL ``VLLMGeneration`` of the TRL release (tests/scenarios/trl_vlm_run.py)
+on the vLLM stand-in, whose encoder cache shares an image's output across requests by content
+hash (vLLM's ``EncoderCacheManager``) and whose ``reset_prefix_cache`` fails while a request
+holds KV blocks (vLLM's ``BlockPool.reset_prefix_cache``).
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.envs import trl_path
+from tests.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
+from tests.stand_in import FAKEVLLM, run
+
+SCENARIO = REPO / "tests" / "scenarios" / "trl_vlm_run.py"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
+
+
+def vlm_run(trl_version, model_dir, *args, **env):
+    environment = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                            OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="ERROR", MASTER_PORT=rendezvous_port(),
+                            **env)
+    for k in [k for k in environment if k.startswith("FAKEVLLM_")]:
+        del environment[k]
+    code = (f"import runpy, sys; sys.argv = ['trl_vlm_run', '--model', {str(model_dir)!r}] + {list(args)!r}; "
+            f"runpy.run_path({str(SCENARIO)!r}, run_name='__main__')")
+    proc = run_python(code, path=[trl_path(trl_version), FAKEVLLM], env=environment, timeout=600)
+    return last_json(proc), proc
+
+
+@pytest.mark.parametrize("version", ["1.16.0", "1.9.2"])
+def test_trl_push_with_image_reused_and_request_in_flight(version, model_dir):
+    off, _ = vlm_run(version, model_dir, "--inflight")
+    assert off["trained_weights"] is True
+    assert off["stale_encoder_hits"] == 1  # trl#7198: the image's embedding of the old weights
+    assert off["prefix_resets"] == [False] and off["stale_prefix_hits"] == 1  # vllm#28827, ignored by TRL
+    on, proc = vlm_run(version, model_dir, "--inflight", "--shim", "on")
+    assert on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 1, proc.stderr
+    assert on["prefix_resets"][0] is False and on["prefix_resets"][-1] is True and on["stale_prefix_hits"] == 0
+    assert "retried with the running requests preempted" in proc.stderr
+
+
+def test_each_patch_disabled_alone(model_dir):
+    no_encoder, _ = vlm_run("1.16.0", model_dir, "--inflight", "--shim", "on",
+                            SHIM_DISABLED_PATCHES="trl-vlm-encoder-cache")
+    assert no_encoder["stale_encoder_hits"] == 1 and no_encoder["stale_prefix_hits"] == 0
+    no_prefix, _ = vlm_run("1.16.0", model_dir, "--inflight", "--shim", "on",
+                           SHIM_DISABLED_PATCHES="vllm-prefix-reset-check")
+    assert no_prefix["stale_prefix_hits"] == 1 and no_prefix["stale_encoder_hits"] == 0
+
+
+def test_sleep_mode_resets_the_caches_itself_from_vllm_0_17(model_dir):
+    """vLLM 0.17+ ``EngineCore.sleep`` resets the prefix, mm and encoder caches: with sleep mode on,
+    TRL 1.16's push follows a sleep and nothing is stale even without the shim."""
+    off, _ = vlm_run("1.16.0", model_dir, "--sleep", "on")
+    assert off["stale_encoder_hits"] == 0 and off["trained_weights"] is True
+
+
+ALWAYS_FALSE = """
+from vllm.v1.engine.llm_engine import LLMEngine
+LLMEngine._core_reset_prefix_cache = lambda self, reset_running_requests=False: False  # blocks never freed
+llm = new_llm(enable_sleep_mode=False)
+R["results"] = []
+try:
+    for _ in range(3):  # three pushes, each followed by the trainer's reset
+        R["results"].append(llm.reset_prefix_cache())
+except RuntimeError as exc:
+    R["raised"] = str(exc)
+"""
+
+
+def test_reset_that_keeps_failing_warns_once_strict_raises(model_dir):
+    off, proc = run(model_dir, ALWAYS_FALSE, shim=False)
+    assert off["results"] == [False] * 3 and "vllm#28827" not in proc.stderr  # silent
+    on, proc = run(model_dir, ALWAYS_FALSE, shim=True)
+    assert on["results"] == [False] * 3
+    assert proc.stderr.count("reset_prefix_cache() returned False after a weight update") == 1, proc.stderr
+    assert "retried with the engine idle: still False" in proc.stderr
+    strict, proc = run(model_dir, ALWAYS_FALSE, shim=True, SHIM_STRICT="1")
+    assert "vllm#28827" in strict["raised"] and strict["results"] == []

@@ -1,0 +1,86 @@
+"""Waking kv_cache before weights after a level-2 sleep (patches/vllm_level2_buffers.py).
+
+vLLM < 0.27 and every vllm-ascend restore the buffers saved by ``sleep(level=2)`` (rope
+``inv_freq`` / ``cos_sin_cache``) at ANY wake, so a ``kv_cache``-first wake copies them into
+unmapped weight memory: CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) / the NPU MTE fault (stand-in:
+``Worker._wake_up_tag_blind``). No weight push could bring them back: the trainer's
+``load_weights`` carries parameters only.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.stand_in import run
+
+BODY = """
+llm = new_llm()
+before = gen(llm)
+bufs = {n: b.clone() for n, b in runner(llm).model.named_buffers()}
+params = [(n, p.clone()) for n, p in runner(llm).model.named_parameters()]
+R["n_buffers"] = len(bufs)
+llm.sleep(level=2)
+try:
+    llm.wake_up(tags=["kv_cache"])
+    llm.wake_up(tags=["weights"])
+except RuntimeError as exc:
+    R["fault"] = str(exc)
+else:
+    runner(llm).model.load_weights(params)   # the trainer's push: parameters only
+    R["kept"] = all(torch.equal(b, bufs[n]) for n, b in runner(llm).model.named_buffers())
+    R["same_output"] = gen(llm) == before
+R["lost_events"] = sum(1 for e in events("buffer_restore") if e["lost"])
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
+
+
+def test_cuda_kv_cache_first_wake_keeps_buffers(model_dir):
+    off, _ = run(model_dir, BODY, shim=False)
+    assert off["n_buffers"] >= 1
+    assert "illegal memory access" in off["fault"] and off["lost_events"] == 1  # the bug
+    on, proc = run(model_dir, BODY, shim=True)
+    assert on["kept"] is True and on["lost_events"] == 0 and on["same_output"] is True, proc.stderr
+    disabled, _ = run(model_dir, BODY, shim=True, SHIM_DISABLED_PATCHES="vllm-level2-buffers")
+    assert "illegal memory access" in disabled["fault"]
+
+
+def test_npu_kv_cache_first_wake(model_dir):
+    off, _ = run(model_dir, BODY, shim=False, device="npu")
+    assert "MTE" in off["fault"]  # vllm-ascend: the restore writes into unmapped memory
+    on, proc = run(model_dir, BODY, shim=True, device="npu")
+    assert "fault" not in on and on["kept"] is True and on["same_output"] is True, proc.stderr
+    disabled, _ = run(model_dir, BODY, shim=True, device="npu", SHIM_DISABLED_PATCHES="vllm-ascend-level2-buffers")
+    assert "MTE" in disabled["fault"]
+
+
+def test_stands_down_where_vllm_gates_the_restore(model_dir):
+    body = BODY + """
+from shim import buffer_keep, patching
+from vllm.v1.worker.gpu_worker import Worker
+R["probe"] = buffer_keep.probe_restore(Worker)
+R["decision"] = patching.decisions()["vllm-level2-buffers"].text()
+"""
+    on, proc = run(model_dir, body, shim=True, version="0.27.0")
+    assert on["kept"] is True  # vLLM 0.27.0 itself
+    assert on["probe"] == "fixed upstream (buffer restore waits for the weights tag)"
+    assert on["decision"] == "stand down: fixed upstream in 0.27.0", proc.stderr
+
+
+@pytest.mark.parametrize("version", ["0.27.2", "0.29.1"])
+def test_real_gold_wakes_kv_cache_first(version, tmp_path):
+    """TRL GOLD 0.25-0.29 wakes only ``kv_cache`` after each level-2 sleep; the shim's GOLD patch
+    (``trl-gold-weights-asleep``) then wakes and pushes the weights. Without this patch the
+    kv_cache wake itself faults in the buffer restore; with it, every rollout runs on the
+    trainer's weights."""
+    from tests.trl_support import run_trl
+
+    with pytest.raises(AssertionError, match="_restore_saved_buffers"):
+        run_trl(version, tmp_path / "off", "--trainer", "gold", "--shim", "before",
+                env={"SHIM_DISABLED_PATCHES": "vllm-level2-buffers"})
+    result = run_trl(version, tmp_path / "on", "--trainer", "gold", "--shim", "before")
+    assert len(result["generates"]) == 6 and result["mismatches"] == 0 and result["lost_writes"] == 0
