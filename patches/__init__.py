@@ -27,6 +27,14 @@ INDEX = (
     ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),
+    ("verify-weights-vllm", "verify_weights", "vllm.entrypoints.llm"),
+    ("verify-weights-trl", "verify_weights", "trl.generation.vllm_generation"),
+    ("verify-weights-trl-grpo", "verify_weights", "trl.trainer.grpo_trainer"),
+    ("verify-weights-trl-rloo", "verify_weights", "trl.trainer.rloo_trainer"),
+    ("verify-weights-trl-online-dpo", "verify_weights", "trl.experimental.online_dpo.online_dpo_trainer"),
+    ("verify-weights-trl-gold", "verify_weights", "trl.experimental.gold.gold_trainer"),
+    ("verify-weights-swift", "verify_weights", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("verify-weights-swift-4x", "verify_weights", "swift.rlhf_trainers.rollout_mixin"),
 )
 
 REMOVED = {}
