@@ -194,14 +194,14 @@ def describe(model) -> dict:
     """Every parameter of the engine's model: shape, dtype and layout (one worker's view)."""
     packed = dict(DEFAULT_PACKED)
     packed.update({k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()})
+    owner = {}
+    for _, module in model.named_modules():
+        for _, param in module.named_parameters(recurse=False):
+            owner.setdefault(id(param), module)
     params = {}
-    for module_name, module in model.named_modules():
-        for pname, param in module.named_parameters(recurse=False):
-            name = f"{module_name}.{pname}" if module_name else pname
-            if name in params:
-                continue
-            params[name] = {"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", ""),
-                            "layout": param_layout(name, param, module, packed)}
+    for name, param in model.named_parameters():  # tied parameters once, under their first name
+        params[name] = {"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", ""),
+                        "layout": param_layout(name, param, owner[id(param)], packed)}
     return {"rank": _tp_rank(model), "params": params}
 
 
@@ -377,7 +377,7 @@ class _Plan:
         self.pieces = []
         for mask, tname, flat in _ravel_map(idx, shape, desc["layout"], tensors):
             if bool(mask.any()):
-                self.pieces.append((mask, tname, flat[mask]))
+                self.pieces.append((mask.nonzero().reshape(-1), tname, flat[mask]))
                 self.covered |= mask
         self._on: dict = {}
 
@@ -387,13 +387,13 @@ class _Plan:
 
         device = tensors[self.pieces[0][1]].device if self.pieces else "cpu"
         want = torch.zeros(self.n, dtype=torch.int64, device=device)
-        for k, (mask, tname, flat) in enumerate(self.pieces):
+        for k, (pos, tname, flat) in enumerate(self.pieces):
             t = tensors[tname].reshape(-1)
             key = (k, str(t.device))
-            if key not in self._on:
-                self._on[key] = (mask.to(t.device), flat.to(t.device))
-            m, f = self._on[key]
-            want[m] = bits(t.index_select(0, f).to(self.dtype)).to(want.device)
+            if key not in self._on:  # index tensors moved to the trainer's device once
+                self._on[key] = (pos.to(device), flat.to(t.device))
+            p, f = self._on[key]
+            want.index_copy_(0, p, bits(t.index_select(0, f).to(self.dtype)).to(device))  # no host sync
         return want
 
 

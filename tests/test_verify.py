@@ -359,3 +359,13 @@ def test_trl_1_9_2_exact_mode():
     r = trl("1.9.2", SHIM_DISABLED_PATCHES="trl-stale-weights", SHIM_VERIFY_WEIGHTS="exact")
     assert r["verify"]["stale"] == r["mismatches"] > 0
     assert r["verify"]["verified"] == len(r["generates"]) - r["mismatches"]
+
+
+def test_tied_embeddings_compared_once(verify):
+    """vLLM (and the stand-in) tie ``lm_head`` to ``embed_tokens``: one parameter, one comparison."""
+    full = trainer_state(2)
+    engine = engine_model(full, 2, 0)
+    engine.lm_head = engine.model.embed_tokens  # vLLM Qwen2 with tie_word_embeddings
+    for mode in ("sample", "exact"):
+        diff, names = differing(verify, engine, full, mode)
+        assert diff == [] and "lm_head.weight" not in names
