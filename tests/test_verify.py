@@ -369,3 +369,28 @@ def test_tied_embeddings_compared_once(verify):
     for mode in ("sample", "exact"):
         diff, names = differing(verify, engine, full, mode)
         assert diff == [] and "lm_head.weight" not in names
+
+
+# ---------------------------------------------------------------------------
+# the real ms-swift rollout mixin (stand-in engine)
+# ---------------------------------------------------------------------------
+def swift(version: str, **env) -> dict:
+    from tests.swift_support import run_swift
+
+    return run_swift(version, "--level", "2", "--shim", env={"SHIM_VERIFY_WEIGHTS": "1", **env})
+
+
+def test_swift_3_10_1_level2_gap_reported():
+    r = swift("3.10.1", SHIM_DISABLED_PATCHES="swift-level2-resync")
+    assert r["decisions"]["verify-weights-swift"] == "applied"
+    assert r["mismatches"] > 0  # the level-2 gap shows (the test's own observation)
+    assert r["verify"]["stale"] == r["mismatches"]
+    assert r["verify"]["verified"] == len(r["generates"]) - r["mismatches"]
+
+
+def test_swift_3_10_1_with_fix_and_4_6_0_silent():
+    for version, key in (("3.10.1", "verify-weights-swift"), ("4.6.0", "verify-weights-swift-4x")):
+        r = swift(version)
+        assert r["decisions"][key] == "applied"
+        assert r["mismatches"] == 0
+        assert r["verify"]["verified"] == len(r["generates"]) > 0 and r["verify"]["stale"] == 0, (version, r["verify"])
