@@ -106,7 +106,7 @@ def verdicts(results: dict) -> dict:
         lines = stale_lines(r.get("log", "")) if r.get("log") else []
         gens = r.get("generates") or []
         out[label] = {"verified": v.get("verified"), "stale": v.get("stale"), "unverifiable": v.get("unverifiable"),
-                      "rollouts": r.get("rollouts"), "stale_warnings": len(lines), "first_warning": lines[:1],
+                      "rollouts": r.get("generate_calls"), "stale_warnings": len(lines), "first_warning": lines[:1],
                       # ground truth where --observe ran: rollouts whose engine differed from the trainer
                       "observed_stale": sum(1 for g in gens if not g["engine_eq_trainer"]) if gens else None,
                       "observed_stale_steps": [g["step"] for g in gens if not g["engine_eq_trainer"]] if gens else None}

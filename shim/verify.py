@@ -512,7 +512,10 @@ def in_process_model(llm):
     worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
     worker = getattr(worker, "worker", None) or worker  # WorkerWrapperBase (older vLLM)
     runner = getattr(worker, "model_runner", None)
-    return getattr(runner, "model", None)
+    if runner is None:
+        return None
+    get_model = getattr(runner, "get_model", None)  # unwraps vLLM's CUDA-graph wrapper
+    return get_model() if callable(get_model) else getattr(runner, "model", None)
 
 
 def run_on_workers(llm, request: dict) -> list:

@@ -78,6 +78,7 @@ class Recorder:
         self.trainer = None
         self.checkpoint = None
         self.generates = []
+        self.generate_calls = 0
         self.sleeps = []
         self.reloads = 0
         self.pushes = []
@@ -102,6 +103,7 @@ class Recorder:
             rec.engine_init["pool_bytes"] = _pool_usage()
 
         def generate(self, *a, **kw):
+            rec.generate_calls += 1
             if rec.args.observe:
                 rec.observe(self)
             return orig_generate(self, *a, **kw)
@@ -235,6 +237,7 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
         "verify": verify,
         "generates": gens,
         "rollouts": len(gens),
+        "generate_calls": rec.generate_calls,
         "rollouts_on_trainer_weights": sum(1 for g in gens if g["engine_eq_trainer"]),
         "rollouts_on_checkpoint_after_training": sum(1 for g in trained if g["engine_eq_checkpoint"]),
         "pushes": len(rec.pushes), "push_s": [p["s"] for p in rec.pushes],
