@@ -398,3 +398,19 @@ def test_swift_3_10_1_with_fix_and_4_6_0_silent():
         assert r["decisions"][key] == "applied"
         assert r["mismatches"] == 0
         assert r["verify"]["verified"] == len(r["generates"]) > 0 and r["verify"]["stale"] == 0, (version, r["verify"])
+
+
+@pytest.mark.parametrize("version,trainer,fix", [("0.27.2", "grpo", "trl-grpo-level2-resync"),
+                                                 ("1.9.2", "online_dpo", "trl-online-dpo-resync")])
+def test_other_trl_sites_report_their_gap(version, trainer, fix):
+    """The arming records of GRPO 0.25-0.27 and OnlineDPO: the release's own gap (its fix switched off) is
+    reported at exactly the rollouts the observation finds stale; with the fix on nothing is."""
+    out = tempfile.mkdtemp(prefix=f"verify-{version}-{trainer}-")
+    off = run_trl(version, out, "--trainer", trainer, "--shim", "before",
+                  env={"SHIM_VERIFY_WEIGHTS": "1", "SHIM_DISABLED_PATCHES": fix})
+    assert off["mismatches"] > 0
+    assert off["verify"]["stale"] == off["mismatches"]
+    assert off["verify"]["verified"] == len(off["generates"]) - off["mismatches"]
+    on = run_trl(version, tempfile.mkdtemp(prefix="verify-on-"), "--trainer", trainer, "--shim", "before",
+                 env={"SHIM_VERIFY_WEIGHTS": "1"})
+    assert on["mismatches"] == 0 and on["verify"]["stale"] == 0 and on["verify"]["verified"] == len(on["generates"])
