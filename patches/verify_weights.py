@@ -2,8 +2,9 @@
 
 Upstream: none (users ask for it: vllm RFC #52689, verl#6666, a stale-weights detector in a
           huggingface/trl#5312 comment); catches #5312, the level-2 gaps and any other missing push
-Affects:  trl >=0.25.0 (VLLMGeneration 0.28+, GRPO/RLOO 0.25-0.27, OnlineDPO 0.28+, GOLD 0.25-0.29),
-          ms-swift >=3.10.0 colocate rollouts, vllm >=0.8.0; only with SHIM_VERIFY_WEIGHTS=1|exact
+Affects:  only with SHIM_VERIFY_WEIGHTS=1|exact: vllm >=0.8.0 (LLM.generate/chat); trl >=0.28.0
+          (VLLMGeneration; OnlineDPO), trl >=0.25.0,<0.28.0 (GRPO/RLOO), trl >=0.25.0,<1.0.0 (GOLD);
+          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts
 Remove:   never (a run-time check, not a fix); a row goes when its trainer leaves the supported range
 
 Verify-only records, independent of the fixes: they apply whether or not a bug patch applies
