@@ -31,6 +31,14 @@ INDEX = (
     ("vllm-prefix-reset-check", "vllm_prefix_reset_check", "vllm.v1.engine.llm_engine"),
     ("vllm-level2-buffers", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
     ("vllm-ascend-level2-buffers", "vllm_level2_buffers", "vllm_ascend.worker.worker"),
+    ("verify-weights-vllm", "verify_weights", "vllm.entrypoints.llm"),
+    ("verify-weights-trl", "verify_weights", "trl.generation.vllm_generation"),
+    ("verify-weights-trl-grpo", "verify_weights", "trl.trainer.grpo_trainer"),
+    ("verify-weights-trl-rloo", "verify_weights", "trl.trainer.rloo_trainer"),
+    ("verify-weights-trl-online-dpo", "verify_weights", "trl.experimental.online_dpo.online_dpo_trainer"),
+    ("verify-weights-trl-gold", "verify_weights", "trl.experimental.gold.gold_trainer"),
+    ("verify-weights-swift", "verify_weights", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("verify-weights-swift-4x", "verify_weights", "swift.rlhf_trainers.rollout_mixin"),
 )
 
 REMOVED = {}

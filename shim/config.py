@@ -36,7 +36,18 @@ that need it (first sleep at each level, after an ineffective one, when the slee
 pool's bookkeeping looks wrong); the others are verified from the pool's bookkeeping
 (``shim.sleep_verdict``). ``1``: every sleep and wake is read on the device."""
 
-ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE)
+
+SHIM_VERIFY_WEIGHTS = "SHIM_VERIFY_WEIGHTS"
+"""``1`` (or ``true``/``yes``/``on``/``sample``): right before each generate of a colocated
+engine (TRL ``VLLMGeneration``, GRPO/RLOO 0.25-0.27, OnlineDPO, GOLD), compare a sampled
+fingerprint of the engine's weights with the trainer's current weights (``shim.verify``:
+a fixed sample of tensors, a strided sample of their elements, bit patterns after rounding
+to the engine's dtype). ``exact``: every element of every tensor (integer checksums of the
+bit patterns). ``0``/unset: off. A mismatch is a WARNING with the words ``stale weights``
+(SHIM_STRICT raises). CLI: ``python -m shim --verify-weights`` sets ``1``."""
+
+ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE, SHIM_VERIFY_WEIGHTS,
+       SHIM_DEVICE_CHECK_EVERY)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -70,6 +81,23 @@ def debug() -> bool:
     return _flag(SHIM_DEBUG)
 
 
+VERIFY_OFF, VERIFY_SAMPLE, VERIFY_EXACT = "", "sample", "exact"
+
+
+def verify_weights() -> str:
+    """``""`` (off), ``"sample"`` (the default fingerprint) or ``"exact"`` from SHIM_VERIFY_WEIGHTS."""
+    raw = os.environ.get(SHIM_VERIFY_WEIGHTS, "")
+    value = raw.strip().lower()
+    if value in _FALSE:
+        return VERIFY_OFF
+    if value in _TRUE or value == VERIFY_SAMPLE:
+        return VERIFY_SAMPLE
+    if value == VERIFY_EXACT:
+        return VERIFY_EXACT
+    raise ConfigError(f"{SHIM_VERIFY_WEIGHTS}={raw!r} is not valid; accepted: 1, 0, exact, sample, true, false, "
+                      "yes, no, on, off (or unset)")
+
+
 def trace_path() -> str | None:
     return os.environ.get(SHIM_TRACE, "").strip() or None
 
@@ -89,10 +117,11 @@ def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
 
 
 def validate() -> None:
-    """Raise ConfigError for the first boolean switch with a bad value."""
+    """Raise ConfigError for the first switch with a bad value (booleans and SHIM_VERIFY_WEIGHTS)."""
     disabled()
     strict()
     debug()
+    verify_weights()
 
 
 DEVICE_CHECK_EVERY_DEFAULT = 10

@@ -12,7 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 TOY_SITE = DATA / "toy_site"
 
-_SHIM_VARS = ("SHIM_DISABLED", "SHIM_DISABLED_PATCHES", "SHIM_STRICT", "SHIM_DEBUG", "SHIM_TRACE")
+_SHIM_VARS = ("SHIM_DISABLED", "SHIM_DISABLED_PATCHES", "SHIM_STRICT", "SHIM_DEBUG", "SHIM_TRACE",
+              "SHIM_VERIFY_WEIGHTS")
 
 
 def clean_env(**extra: str) -> dict:

@@ -78,6 +78,7 @@ class Recorder:
         self.trainer = None
         self.checkpoint = None
         self.generates = []
+        self.generate_calls = 0
         self.sleeps = []
         self.reloads = 0
         self.pushes = []
@@ -102,6 +103,7 @@ class Recorder:
             rec.engine_init["pool_bytes"] = _pool_usage()
 
         def generate(self, *a, **kw):
+            rec.generate_calls += 1
             if rec.args.observe:
                 rec.observe(self)
             return orig_generate(self, *a, **kw)
@@ -203,6 +205,14 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
     keep = ("step", "loss", "reward", "reward_std", "grad_norm", "entropy")
     metrics = [{k: v for k, v in h.items() if (k in keep or k.startswith("sampling/")) and isinstance(v, (int, float))}
                for h in trainer.state.log_history if "step" in h and "train_runtime" not in h]
+    verify = None
+    if "shim.verify" in sys.modules:  # SHIM_VERIFY_WEIGHTS: the shim's own verdicts and its time per check
+        counts = sys.modules["shim.verify"].counts()
+        times = counts.pop("times")
+        verify = {**counts, "mode": os.environ.get("SHIM_VERIFY_WEIGHTS", ""), "checks": len(times),
+                  "first_s": times[0] if times else None, "times_s": times[:200],
+                  "median_s": sorted(times)[len(times) // 2] if times else None,
+                  "median_after_first_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else None}
     decisions = {}
     if "shim" in sys.modules:
         from shim import patching
@@ -224,8 +234,10 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
         "model": common.model_info(args.model), "steps": args.steps, "lr": args.lr,
         "engine_init": rec.engine_init,
         "decisions": decisions,
+        "verify": verify,
         "generates": gens,
         "rollouts": len(gens),
+        "generate_calls": rec.generate_calls,
         "rollouts_on_trainer_weights": sum(1 for g in gens if g["engine_eq_trainer"]),
         "rollouts_on_checkpoint_after_training": sum(1 for g in trained if g["engine_eq_checkpoint"]),
         "pushes": len(rec.pushes), "push_s": [p["s"] for p in rec.pushes],

@@ -182,6 +182,8 @@ def main():
                                                       "PYTORCH_NPU_ALLOC_CONF")},
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], patching.MARKER, None),
+        "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
+                   if "shim.verify" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
     }))
 

@@ -136,7 +136,23 @@ def main():
 
     observe("generate")
     observe("chat")
-    trainer.train()
+    import logging
+
+    warnings = []
+
+    class Collect(logging.Handler):  # the shim's WARNING lines (its logger does not propagate)
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    logging.getLogger("shim").addHandler(Collect())
+    error = None
+    try:
+        trainer.train()
+    except RuntimeError as exc:  # SHIM_STRICT + SHIM_VERIFY_WEIGHTS: the run stops; the summary says why
+        if type(exc).__name__ != "StaleWeights":
+            raise
+        error = f"{type(exc).__name__}: {exc}"
 
     from shim import patching
 
@@ -153,6 +169,10 @@ def main():
         "guard_warnings": sum(1 for e in EVENTS if e["event"] == "executor_guard"),
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "metrics": metrics,
+        "shim_warnings": warnings,
+        "error": error,
+        "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
+                   if "shim.verify" in sys.modules else None),
     }
     print(json.dumps(summary))
 

@@ -57,7 +57,17 @@ TARGETS = {
     "vllm-prefix-reset-check": ("vllm", "0.24.0"),
     "vllm-level2-buffers": ("vllm", "0.24.0"),
     "vllm-ascend-level2-buffers": ("vllm-npu", "0.24.0"),
+    "verify-weights-vllm": ("vllm", "0.24.0"),
+    "verify-weights-trl": ("trl", "1.9.2"),
+    "verify-weights-trl-grpo": ("trl", "0.27.2"),
+    "verify-weights-trl-rloo": ("trl", "0.27.2"),
+    "verify-weights-trl-online-dpo": ("trl", "1.9.2"),
+    "verify-weights-trl-gold": ("trl", "0.29.1"),
+    "verify-weights-swift": ("swift", "3.10.1"),
+    "verify-weights-swift-4x": ("swift", "4.6.0"),
 }
+# patch module -> switches its cases run with (the verify-only records stand down while their switch is off)
+MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}
 
 
 def _environment(kind: str, release: str):
@@ -102,6 +112,7 @@ def module_results(module_name: str) -> dict:
     results = {}
     for (kind, release), pids in groups.items():
         python, env = _environment(kind, release)
+        env.update(MODULE_ENV.get(module_name, {}))
         with tempfile.TemporaryDirectory(prefix="contract-") as out:
             args = [f"{pid}:{case}" for pid in pids for case in CASES]
             extra = ["--megatron"] if kind == "swift-megatron" else []

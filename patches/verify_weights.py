@@ -1,0 +1,156 @@
+"""Weight verification before each colocated generate (SHIM_VERIFY_WEIGHTS; no upstream bug of its own).
+
+Upstream: none (users ask for it: vllm RFC #52689, verl#6666, a stale-weights detector in a
+          huggingface/trl#5312 comment); catches #5312, the level-2 gaps and any other missing push
+Affects:  only with SHIM_VERIFY_WEIGHTS=1|exact: vllm >=0.8.0 (LLM.generate/chat); trl >=0.28.0
+          (VLLMGeneration; OnlineDPO), trl >=0.25.0,<0.28.0 (GRPO/RLOO), trl >=0.25.0,<1.0.0 (GOLD);
+          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts
+Remove:   never (a run-time check, not a fix); a row goes when its trainer leaves the supported range
+
+Verify-only records, independent of the fixes: they apply whether or not a bug patch applies
+(TRL 1.10.0+, a patch in SHIM_DISABLED_PATCHES, a patch standing down), and stand down when
+SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify``):
+
+- ``verify-weights-vllm`` wraps ``vllm.LLM.generate`` / ``chat``: right before vLLM samples,
+  inside every other wrapper (the shim's push-before-generate runs first), it verifies an
+  engine that a trainer armed;
+- one trainer record per generate site arms the engine with the trainer model for the
+  duration of the trainer's generate method: ``VLLMGeneration.generate`` (0.28+: GRPO, RLOO,
+  GOLD and distillation from 1.0), ``GRPOTrainer``/``RLOOTrainer._generate_single_turn``
+  (0.25-0.27), ``OnlineDPOTrainer._generate_vllm_colocate``,
+  ``GOLDTrainer._generate_on_policy_outputs_vllm`` (0.25-0.29);
+- ms-swift drives vLLM's ``LLMEngine`` without ``LLM.generate``: its record verifies directly
+  before ``RolloutTrainerMixin._infer_single_or_multi_turn`` (called by ``_fast_infer`` after
+  its wake and push; 3.10.x ``swift.trainers.rlhf_trainer``, 4.x ``swift.rlhf_trainers``),
+  colocate fast inference only, never with ``async_generate`` (rollouts one step behind by
+  design).
+"""
+from shim.patching import Patch
+
+SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn (0.25-0.27), "
+         "OnlineDPO _generate_vllm_colocate, GOLD _generate_on_policy_outputs_vllm (<1.0), "
+         "ms-swift RolloutTrainerMixin._infer_single_or_multi_turn")
+
+
+def _off():
+    from shim import config
+
+    try:
+        return None if config.verify_weights() else f"{config.SHIM_VERIFY_WEIGHTS} is off"
+    except config.ConfigError as exc:
+        return str(exc)
+
+
+def _shape(module, class_name, names):
+    cls = getattr(module, class_name, None)
+    missing = [n for n in names if cls is None or not callable(getattr(cls, n, None))]
+    return f"upstream shape changed: {class_name}.{'/'.join(missing)} not found" if missing else None
+
+
+# -- vLLM: the check, right before sampling -------------------------------------------------
+def _before_generate(wrapped, instance, args, kwargs):
+    from shim import verify
+
+    verify.before_generate(instance)
+    return wrapped(*args, **kwargs)
+
+
+def _probe_vllm(module):
+    return _shape(module, "LLM", ("generate", "chat")) or _off()
+
+
+def _apply_vllm(module, patcher):
+    patcher.wrap(module.LLM, "generate", _before_generate)
+    patcher.wrap(module.LLM, "chat", _before_generate)
+
+
+# -- TRL: which trainer model the engine must equal ----------------------------------------
+def _generation_colocate(gen):
+    return getattr(gen, "mode", None) == "colocate"
+
+
+def _trainer_colocate(trainer):
+    args = getattr(trainer, "args", None)
+    return bool(getattr(args, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
+
+
+def _gold_colocate(trainer):
+    return bool(getattr(trainer, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
+
+
+def _arming(class_name, method, predicate, llm_attr="llm"):
+    site = f"{class_name}.{method}"
+
+    def wrapper(wrapped, instance, args, kwargs):
+        from shim import guarded_llm, verify
+
+        llm = getattr(instance, llm_attr, None)
+        if llm is None or not predicate(instance) or guarded_llm.owned_by_swift(instance):
+            return wrapped(*args, **kwargs)
+        with verify.armed(llm, getattr(instance, "model", None), site):
+            return wrapped(*args, **kwargs)
+
+    def probe(module):
+        return _shape(module, class_name, (method,)) or _off()
+
+    def apply(module, patcher):
+        patcher.wrap(getattr(module, class_name), method, wrapper)
+
+    return probe, apply
+
+
+# -- ms-swift: no LLM.generate; verify before the rollout's inference -------------------------
+def _swift_infer(wrapped, instance, args, kwargs):
+    from shim import verify
+
+    train_args = getattr(instance, "args", None)
+    engine = getattr(instance, "engine", None)
+    if (engine is not None and getattr(instance, "use_fast_infer", False)
+            and getattr(instance, "vllm_mode", None) == "colocate"
+            and not getattr(train_args, "async_generate", False)):
+        with verify.armed(engine, getattr(instance, "model", None), "RolloutTrainerMixin._fast_infer"):
+            verify.before_generate(engine)
+    return wrapped(*args, **kwargs)
+
+
+def _probe_swift(module):
+    return _shape(module, "RolloutTrainerMixin", ("_infer_single_or_multi_turn", "_fast_infer")) or _off()
+
+
+def _apply_swift(module, patcher):
+    patcher.wrap(module.RolloutTrainerMixin, "_infer_single_or_multi_turn", _swift_infer)
+
+
+def _patch(patch_id, distribution, affected, module, probe_apply, summary):
+    probe, apply = probe_apply
+    return Patch(id=patch_id, issue="weight verification (SHIM_VERIFY_WEIGHTS)", distribution=distribution,
+                 affected=affected, module=module, apply=apply, probe=probe, summary=summary,
+                 verified="CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with "
+                          "trl-stale-weights disabled, silent with it on")
+
+
+PATCHES = [
+    _patch("verify-weights-vllm", "vllm", ">=0.8.0", "vllm.entrypoints.llm", (_probe_vllm, _apply_vllm),
+           "LLM.generate/chat: an armed engine's weights compared with the trainer's right before sampling"),
+    _patch("verify-weights-trl", "trl", ">=0.28.0", "trl.generation.vllm_generation",
+           _arming("VLLMGeneration", "generate", _generation_colocate),
+           "VLLMGeneration.generate (colocate) arms its engine with the trainer model"),
+    _patch("verify-weights-trl-grpo", "trl", ">=0.25.0,<0.28.0", "trl.trainer.grpo_trainer",
+           _arming("GRPOTrainer", "_generate_single_turn", _trainer_colocate),
+           "GRPOTrainer._generate_single_turn (colocate) arms its engine with the trainer model"),
+    _patch("verify-weights-trl-rloo", "trl", ">=0.25.0,<0.28.0", "trl.trainer.rloo_trainer",
+           _arming("RLOOTrainer", "_generate_single_turn", _trainer_colocate),
+           "RLOOTrainer._generate_single_turn (colocate) arms its engine with the trainer model"),
+    _patch("verify-weights-trl-online-dpo", "trl", ">=0.28.0", "trl.experimental.online_dpo.online_dpo_trainer",
+           _arming("OnlineDPOTrainer", "_generate_vllm_colocate", _trainer_colocate),
+           "OnlineDPOTrainer._generate_vllm_colocate arms its engine with the trainer model"),
+    _patch("verify-weights-trl-gold", "trl", ">=0.25.0,<1.0.0", "trl.experimental.gold.gold_trainer",
+           _arming("GOLDTrainer", "_generate_on_policy_outputs_vllm", _gold_colocate, llm_attr="vllm_engine"),
+           "GOLDTrainer._generate_on_policy_outputs_vllm (colocate) arms its engine with the trainer model"),
+    _patch("verify-weights-swift", "ms-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
+           (_probe_swift, _apply_swift),
+           "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout"),
+    _patch("verify-weights-swift-4x", "ms-swift", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
+           (_probe_swift, _apply_swift),
+           "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout"),
+]

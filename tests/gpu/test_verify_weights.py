@@ -1,0 +1,51 @@
+"""Weight verification on a real GPU (bench/gpu_verify_weights.py): TRL 1.9.2 GRPO + shim, 1.06 B model.
+
+The default fingerprint costs under 1% of a GRPO step (the shim's own measured time per
+check, times checks per step, over the median step); with the #5312 fix switched off every
+rollout whose engine differs from the trainer (bit-for-bit ground truth) is reported as
+stale weights, with it on (default and exact) none is.
+"""
+import pytest
+
+from tests.gpu import common
+from tests.gpu.results import load, run_of
+
+pytestmark = pytest.mark.skipif(common.test_skip_reason() is not None, reason=common.test_skip_reason() or "")
+
+DEFAULT, EXACT, STALE = "verify default", "verify exact", "verify default, trl-stale-weights off"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return load("gpu_verify_weights", tmp_path_factory)
+
+
+def test_default_fingerprint_under_one_percent_of_a_step(data):
+    run_of(data, DEFAULT)
+    fraction = data["figures"]["verify_default_fraction_of_step"]
+    assert fraction is not None and fraction < 0.01, data["figures"]
+
+
+def test_exact_mode_cost_recorded(data):
+    run_of(data, EXACT)
+    figs = data["figures"]
+    assert figs["verify_exact_ms_per_check"] > 0 and figs["verify_exact_fraction_of_step"] is not None, figs
+
+
+@pytest.mark.parametrize("label", [DEFAULT, EXACT])
+def test_silent_with_the_fix(data, label):
+    run = run_of(data, label)
+    assert run["decisions"]["trl-stale-weights"] == "applied"
+    v = data["verdicts"][label]
+    assert v["stale"] == 0 and v["stale_warnings"] == 0, v
+    assert v["verified"] == v["rollouts"] >= data["steps"], v
+
+
+def test_missing_push_reported_with_the_fix_off(data):
+    run = run_of(data, STALE)
+    assert run["decisions"]["trl-stale-weights"].startswith("disabled")
+    v = data["verdicts"][STALE]
+    assert v["observed_stale"] and v["observed_stale"] > 0, v  # #5312 shows on the GPU (ground truth)
+    assert v["stale"] == v["observed_stale"], v  # every stale rollout found, no false alarm
+    assert v["verified"] == v["rollouts"] - v["observed_stale"], v
+    assert v["stale_warnings"] >= 1 and "stale weights" in v["first_warning"][0], v
