@@ -13,14 +13,14 @@ USAGE = """usage:
     python -m shim report TRACE... [--plot OUT.png]    per-rank sleep/wake table from SHIM_TRACE files
 
 OPTIONS: --trace PATH (SHIM_TRACE), --disable ID[,ID] (SHIM_DISABLED_PATCHES),
---strict (SHIM_STRICT=1), --debug (SHIM_DEBUG=1). A command named like a
+--strict (SHIM_STRICT=1), --debug (SHIM_DEBUG=1), --verify-weights (SHIM_VERIFY_WEIGHTS=1). A command named like a
 subcommand goes after ``--``.
 ``vllm-sleep-shim`` is the same launcher as a console script: no file in the working
 directory (a ``shim.py``) can shadow it."""
 """Kept out of ``__doc__``: ``python -OO`` drops docstrings."""
 SUBCOMMANDS = ("status", "doctor", "install", "uninstall", "report")
 _RUN_OPTIONS = {"--trace": "SHIM_TRACE", "--disable": "SHIM_DISABLED_PATCHES"}
-_RUN_FLAGS = {"--strict": "SHIM_STRICT", "--debug": "SHIM_DEBUG"}
+_RUN_FLAGS = {"--strict": "SHIM_STRICT", "--debug": "SHIM_DEBUG", "--verify-weights": "SHIM_VERIFY_WEIGHTS"}
 
 
 def bootstrap_dir() -> str:

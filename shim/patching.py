@@ -276,8 +276,7 @@ def activate(items: list, known_removed: "dict | None" = None) -> bool:
             return False
         entries = [_entry(i) for i in items]
         ids = [e.id for e in entries]
-        config.strict()
-        config.debug()
+        config.validate()
         off, unknown = config.disabled_patches(ids, known_removed or ())
         _registry.active = True
         _registry.off_reason = ""

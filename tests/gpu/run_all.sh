@@ -83,7 +83,7 @@ EOF
 
 # ---- 3. the benchmarks, chained (PHASES picks some: trl5312 cost sleep) ------------------------
 PHASES=" ${PHASES:-trl5312 cost sleep} "
-rm -f "$W"/A.done "$W"/B.done "$W"/M.done
+rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done
 el "launching:${PHASES}(in that order on the GPU)"
 PIDS=()
 if [[ $PHASES == *" trl5312 "* ]]; then
@@ -102,6 +102,11 @@ if [[ $PHASES == *" sleep "* ]]; then
   python3 bench/gpu_sleep_memory.py --model "$W/wide" --workdir "$W/sleep" --after "$W/B.done" --cycles "$CYCLES" \
     --out "$OUT/gpu_sleep_memory.json" --done "$W/M.done" > "$W/bench_sleep.txt" 2>&1 &
   PIDS+=($!)
+else touch "$W/M.done"; fi
+if [[ $PHASES == *" verify "* ]]; then
+  python3 bench/gpu_verify_weights.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/verify" --after "$W/M.done" \
+    --steps "${STEPS_VERIFY:-8}" --out "$OUT/gpu_verify_weights.json" --done "$W/V.done" > "$W/bench_verify.txt" 2>&1 &
+  PIDS+=($!)
 fi
 # watchdog: nothing may run past the budget + 35 s (the device call's limit is 600 s). Its output goes to the
 # log file, not to this script's stdout, so that a sleeping watchdog never keeps the caller's pipe open.
@@ -110,7 +115,7 @@ fi
 WD=$!
 for p in "${PIDS[@]}"; do wait "$p"; done
 pkill -P "$WD" 2>/dev/null; kill "$WD" 2>/dev/null
-for f in bench_trl5312 bench_cost bench_sleep; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
+for f in bench_trl5312 bench_cost bench_sleep bench_verify; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
 
 # ---- 4. tests on the results, example, logs --------------------------------------------------
 el "pytest tests/gpu on the results"
