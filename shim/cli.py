@@ -331,10 +331,14 @@ def report(argv: list) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return _fail("report: --plot needs matplotlib (pip install matplotlib); the table above is complete", 1)
+        if os.path.isdir(out):
+            return _fail(f"report: cannot write the plot to {out}: is a directory; the table above is complete", 1)
         try:
             telemetry.plot(trace, out)
         except (OSError, ValueError) as exc:
             why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
             return _fail(f"report: cannot write the plot to {out}: {why}; the table above is complete", 1)
-        print(f"shim: wrote {out}")
+        # matplotlib adds its default format's suffix to a name without one
+        suffix = "" if os.path.splitext(out)[1] else "." + str(matplotlib.rcParams.get("savefig.format", "png"))
+        print(f"shim: wrote {out}{suffix}")
     return 0

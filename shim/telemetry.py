@@ -394,11 +394,25 @@ def _figures(recs: list) -> dict:
     }
 
 
+INEFFECTIVE_COLOUR = "#d62728"
+"""Red, kept out of the ranks' colours: ineffective sleeps stand out."""
+
+
 def plot(trace: "Trace | list", out: str) -> None:
+    """:func:`figure` written to ``out``. Raises OSError / ValueError when it cannot be written."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(trace)
+    try:
+        fig.savefig(out)
+    finally:
+        plt.close(fig)
+
+
+def figure(trace: "Trace | list"):
     """Device memory in use over time (needs matplotlib): one panel per run, one colour per
     rank; the sleep pool's size as a dashed line; sleeps (v) and wakes (^) marked, ineffective
-    sleeps as large red crosses; the memory axis starts at 0. Raises OSError / ValueError when
-    ``out`` cannot be written."""
+    sleeps as large red crosses; the memory axis starts at 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -409,12 +423,12 @@ def plot(trace: "Trace | list", out: str) -> None:
         trace.records = sorted(records, key=lambda r: r["t"])
     groups = runs(trace) or [[]]
     fig, axes = plt.subplots(len(groups), 1, figsize=(10, 3.2 * len(groups) + 0.8), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key().get("color") or ["C0"]
+    colours = [c for c in plt.rcParams["axes.prop_cycle"].by_key().get("color", []) if c != INEFFECTIVE_COLOUR] or ["C0"]
     marked_bad = False
     for number, (group, ax) in enumerate(zip(groups, axes[:, 0]), 1):
         t0 = min((p["start"] for p in group), default=0.0)
         for i, proc in enumerate(group):
-            colour = colours[i % len(colours)] if colours[i % len(colours)] != "#d62728" else "C9"
+            colour = colours[i % len(colours)]
             pts = [(r["t"] - t0, (r["total"] - r["free"]) / GiB, r) for r in proc["records"]
                    if r.get("free") is not None and r.get("total") is not None]
             if not pts:
@@ -433,7 +447,7 @@ def plot(trace: "Trace | list", out: str) -> None:
                             color=colour, markersize=5)
             bad = [(x, y) for x, y, r in pts if r["event"] == "sleep" and r.get("effective") is False]
             if bad:
-                ax.plot([p[0] for p in bad], [p[1] for p in bad], linestyle="none", marker="X", color="#d62728",
+                ax.plot([p[0] for p in bad], [p[1] for p in bad], linestyle="none", marker="X", color=INEFFECTIVE_COLOUR,
                         markersize=11, markeredgecolor="black", zorder=5,
                         label=None if marked_bad else "ineffective sleep")
                 marked_bad = True
@@ -445,7 +459,4 @@ def plot(trace: "Trace | list", out: str) -> None:
             ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("seconds since the run's first event")
     fig.tight_layout()
-    try:
-        fig.savefig(out)
-    finally:
-        plt.close(fig)
+    return fig
