@@ -4,9 +4,11 @@ Every event is one log line through ``shim.log`` with the bytes the sleep
 allocator tracked and the bytes the sleep gave back: read on the device
 (``mem_get_info`` right before and after the call, cached blocks given back
 first) or, where ``shim.sleep_verdict``'s rule allows, taken from the sleep
-pool's bookkeeping (``measured``; see ``shim.sleep_check``). Log volume over a long run: INFO for each engine's
-construction, its first sleep and first wake, and every ineffective sleep;
-the other sleep/wake lines are DEBUG (``SHIM_DEBUG=1`` shows them); one INFO
+pool's bookkeeping (``measured``; see ``shim.sleep_check``). Log volume over a
+long run: INFO for each engine's construction, its first sleep and first wake,
+every ineffective sleep and the first of each kind of correction the shim made
+(the record's note); the other sleep/wake lines are DEBUG (``SHIM_DEBUG=1``
+shows them); one INFO
 summary line every ``SHIM_SUMMARY_EVERY`` sleeps (default 50) or 10 minutes,
 and one at exit. With ``SHIM_TRACE=PATH`` each
 event is also appended to PATH as one JSON line; every record carries ``rank``
@@ -157,16 +159,22 @@ def emit(event: str, engine: str, seconds: float, **fields) -> dict:
 
 def _important(rec: dict) -> tuple:
     """(log at INFO?, is this the engine's first wake?): construction, the first sleep and the
-    first wake of each engine, an ineffective sleep, the first-sleep reset's re-issued sleep."""
-    seen = _seen.setdefault(rec["engine"], {"sleep": 0, "wake": 0})
+    first wake of each engine, every ineffective sleep, and the first event of each kind of
+    note per engine (a correction the shim made: "woke it first", "the others were awake",
+    the first-sleep reset); routine repeats are DEBUG."""
+    seen = _seen.setdefault(rec["engine"], {"sleep": 0, "wake": 0, "notes": set()})
     ev = rec["event"]
-    if ev not in seen:
+    if ev not in ("sleep", "wake"):
         return True, False
     seen[ev] += 1
     first = seen[ev] == 1
     problem = ev == "sleep" and rec.get("effective") is False
-    reset = "first-sleep reset" in (rec.get("note") or "")
-    return first or problem or reset, first and ev == "wake"
+    note = rec.get("note") or ""
+    kind = (ev, note.split(":")[0])
+    new_note = bool(note) and kind not in seen["notes"]
+    if note:
+        seen["notes"].add(kind)
+    return first or problem or new_note, first and ev == "wake"
 
 
 def _periodic_due(rec: dict, now: float) -> bool:
