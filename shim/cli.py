@@ -67,26 +67,28 @@ def _help(name: str, argv: list) -> bool:
     return False
 
 
-def check_trace_path(path: str) -> tuple:
+def check_trace_path(path: str, option: str = "--trace") -> tuple:
     """``(absolute path, None)`` when ``path`` (``--trace`` / ``SHIM_TRACE``) can be appended to,
     else ``(None, one line saying why)``; ``("", None)`` for an empty value (no trace).
 
+    ``option`` names where the path came from in the message (``--trace`` or ``SHIM_TRACE``).
     Relative paths are made absolute here, against the launcher's working directory, before
     any child changes directory. Appending is tried for real (a file this creates is removed
     again), so permissions, read-only file systems and missing directories are all caught."""
     if not path or not path.strip():
         return "", None
+    what = f"{option} {path}" if option.startswith("-") else f"{option}={path}"
     full = os.path.abspath(os.path.expanduser(path.strip()))
     if os.path.isdir(full):
-        return None, f"--trace {path}: is a directory; give a file path (e.g. {os.path.join(path, 'trace.jsonl')})"
+        return None, f"{what}: is a directory; give a file path (e.g. {os.path.join(path, 'trace.jsonl')})"
     parent = os.path.dirname(full)
     if not os.path.isdir(parent):
-        return None, f"--trace {path}: directory {parent} does not exist"
+        return None, f"{what}: directory {parent} does not exist"
     existed = os.path.exists(full)
     try:
         fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
-        return None, f"--trace {path}: cannot write: {exc.strerror or exc}"
+        return None, f"{what}: cannot write: {exc.strerror or exc}"
     os.close(fd)
     if not existed:
         try:
