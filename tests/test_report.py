@@ -215,3 +215,16 @@ def test_check_trace_path(tmp_path, monkeypatch):
                      ("/proc/shim-trace.jsonl", "cannot write")):
         path, error = cli.check_trace_path(bad)
         assert path is None and error.startswith(f"--trace {bad}: ") and why in error and "\n" not in error
+
+
+def test_doctor_lists_the_metrics_feature_apart_from_bugs():
+    proc = shim_cli("doctor")
+    assert "features:\n  trainer-metrics " in proc.stdout and "on when the shim is active" in proc.stdout
+    env_off = shim_cli_env("doctor", SHIM_DISABLED_PATCHES="trainer-metrics")
+    assert env_off.returncode == proc.returncode  # a feature switched off is not a bug left unhandled
+    assert "trainer-metrics              off (disabled)" in env_off.stdout
+
+
+def shim_cli_env(*args, **env):
+    return subprocess.run([sys.executable, "-m", "shim", *args], capture_output=True, text=True,
+                          env=clean_env(PYTHONPATH=str(REPO), **env), cwd=str(REPO), timeout=120)
