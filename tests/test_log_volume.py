@@ -3,7 +3,7 @@
 At INFO: the patch decisions, the engine's construction, its first sleep and first wake, every
 problem, one summary every SHIM_SUMMARY_EVERY sleeps (default 50) and one at exit; every other
 sleep/wake line is DEBUG. SHIM_DEBUG=1 shows them all. Before this, every sleep and wake was an
-INFO line (121 over this run).
+INFO line (125 INFO lines over this run with main at b8c5ece).
 """
 from __future__ import annotations
 
