@@ -105,16 +105,16 @@ def test_report_errors_are_one_line(tmp_path):
 # several runs: in one file, at the same time, in several files
 # ---------------------------------------------------------------------------
 def test_successive_runs_in_one_file_are_told_apart(tmp_path):
-    first = process_records(100, 0, 1000.0, cycles=2) + process_records(101, 1, 1000.2, cycles=2, ineffective=(1,))
-    second = process_records(200, 0, 5000.0, cycles=5)  # the same file, an hour later
+    first = process_records(100, 0, 1000.0, cycles=2, ineffective=(1,))  # one rank
+    second = process_records(200, 0, 5000.0, cycles=5) + process_records(201, 1, 5000.2, cycles=3)  # an hour later
     proc = shim_cli("report", str(write(tmp_path / "t.jsonl", first + second)))
     assert proc.returncode == 0, proc.stderr
     rows = table(proc.stdout)
-    assert [r[0] for r in rows] == ["1", "1", "2"]
-    assert [(r[2], r[3]) for r in rows] == [("0", "100"), ("1", "101"), ("0", "200")]
-    assert [r[6] for r in rows] == ["2", "2", "5"]  # sleeps per process, never merged into one rank 0
-    assert [r[9] for r in rows] == ["0", "1", "0"]  # ineffective
-    assert rows[0][1] != rows[2][1]  # start
+    assert [r[0] for r in rows] == ["1", "2", "2"]
+    assert [(r[2], r[3]) for r in rows] == [("0", "100"), ("0", "200"), ("1", "201")]
+    assert [r[6] for r in rows] == ["2", "5", "3"]  # sleeps per process, never merged into one rank 0
+    assert [r[9] for r in rows] == ["1", "0", "0"]  # ineffective
+    assert rows[0][1] != rows[1][1]  # start
 
 
 def test_concurrent_runs_and_several_files(tmp_path):
