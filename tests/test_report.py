@@ -228,3 +228,19 @@ def test_doctor_lists_the_metrics_feature_apart_from_bugs():
 def shim_cli_env(*args, **env):
     return subprocess.run([sys.executable, "-m", "shim", *args], capture_output=True, text=True,
                           env=clean_env(PYTHONPATH=str(REPO), **env), cwd=str(REPO), timeout=120)
+
+
+@pytest.mark.xfail(strict=True, reason="shim/__main__.run does not call cli.check_trace_path yet (the lead's file): "
+                                       "remove this mark when it does")
+def test_launcher_checks_the_trace_path_before_the_command(tmp_path):
+    """``python -m shim --trace PATH CMD``: an unwritable PATH stops before CMD (one line, exit 2); a
+    relative PATH reaches the child absolute, so a child that changes directory still appends there."""
+    marker = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
+    bad = tmp_path / "no" / "t.jsonl"
+    proc = shim_cli("--trace", str(bad), *cmd)
+    assert proc.returncode == 2 and not marker.exists()
+    assert proc.stderr.strip().splitlines() == [f"shim: --trace {bad}: directory {tmp_path / 'no'} does not exist"]
+    probe = [sys.executable, "-c", "import os; print(os.environ['SHIM_TRACE'])"]
+    proc = shim_cli("--trace", "rel.jsonl", *probe, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == str(tmp_path / "rel.jsonl")
