@@ -205,7 +205,7 @@ def test_alarm_threshold_from_env(alarm, monkeypatch):
 def test_bad_threshold_names_variable(monkeypatch, value):
     monkeypatch.setenv(config.SHIM_STALE_ALARM, value)
     with pytest.raises(config.ConfigError, match=f"SHIM_STALE_ALARM='{value}' is not valid; accepted: a number > 0"):
-        config.validate([])
+        config.validate()
 
 
 def test_alarm_warns_on_the_main_process_only(monkeypatch):
