@@ -159,9 +159,10 @@ def emit(event: str, engine: str, seconds: float, **fields) -> dict:
 
 def _important(rec: dict) -> tuple:
     """(log at INFO?, is this the engine's first wake?): construction, the first sleep and the
-    first wake of each engine, every ineffective sleep, and the first event of each kind of
-    note per engine (a correction the shim made: "woke it first", "the others were awake",
-    the first-sleep reset); routine repeats are DEBUG."""
+    first wake of each engine, every ineffective sleep, the first event of each kind of note
+    per engine (a correction the shim made: "woke it first", "the others were awake", the
+    first-sleep reset) and the first sleep verified another way than the first (``measured``:
+    ``pool`` after ``device``); routine repeats are DEBUG."""
     seen = _seen.setdefault(rec["engine"], {"sleep": 0, "wake": 0, "notes": set()})
     ev = rec["event"]
     if ev not in ("sleep", "wake"):
@@ -174,7 +175,12 @@ def _important(rec: dict) -> tuple:
     new_note = bool(note) and kind not in seen["notes"]
     if note:
         seen["notes"].add(kind)
-    return first or problem or new_note, first and ev == "wake"
+    # the first sleep checked from the pool's bookkeeping rather than the device (shim.sleep_check)
+    way = ("measured", rec.get("measured")) if ev == "sleep" and rec.get("measured") else None
+    new_way = way is not None and way not in seen["notes"] and not first
+    if way is not None:
+        seen["notes"].add(way)
+    return first or problem or new_note or new_way, first and ev == "wake"
 
 
 def _periodic_due(rec: dict, now: float) -> bool:
