@@ -39,6 +39,7 @@ INDEX = (
     ("verify-weights-trl-gold", "verify_weights", "trl.experimental.gold.gold_trainer"),
     ("verify-weights-swift", "verify_weights", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("verify-weights-swift-4x", "verify_weights", "swift.rlhf_trainers.rollout_mixin"),
+    ("trainer-metrics", "trainer_metrics", "transformers.trainer"),
 )
 
 REMOVED = {}

@@ -1,4 +1,9 @@
-"""Subcommands of ``python -m shim``: status, doctor, install, uninstall, report."""
+"""Subcommands of ``python -m shim``: status, doctor, install, uninstall, report.
+
+Each prints its usage with ``-h`` / ``--help`` (exit 0); a bad argument is one line
+on stderr and exit 2. :func:`check_trace_path` validates ``--trace PATH`` /
+``SHIM_TRACE`` for the launcher before anything starts.
+"""
 from __future__ import annotations
 
 import importlib
@@ -19,6 +24,80 @@ PTH_LINE = (
 )
 
 
+FEATURE = "feature"
+"""``Patch.issue`` of a record that adds a feature (no upstream bug): doctor lists it apart."""
+
+USAGE = {
+    "status": """usage: python -m shim status [--json] [--import]
+
+One row per patch: id, upstream issue, distribution, installed version, affected
+range and the decision in this environment (applied, stand down: <why>,
+waiting: <module> not imported, disabled, failed: <why>).
+  --json     the rows as JSON (id, distribution, installed, affected, decision, reason)
+  --import   import each hooked upstream module first, so every row is decided""",
+    "doctor": """usage: python -m shim doctor
+
+Prints the Python and package versions, the allocator settings (PYTORCH_*_ALLOC_CONF;
+expandable segments marked) and, for each known upstream bug, whether this environment
+is affected and which patch handles it. Exit 1 when an affecting bug is left unhandled
+(its patch disabled), 0 otherwise.""",
+    "report": """usage: python -m shim report TRACE... [--plot OUT.png]
+
+Per-process table of SHIM_TRACE files (run, start, rank, pid, engines, sleep/wake
+cycles, sleeps, GiB freed per sleep, the smallest, ineffective sleeps, seconds asleep
+and awake, the shim's own ms per sleep/wake call). Processes are told apart by host,
+pid and start; concurrent or successive runs in one file are numbered apart. Lines
+cut by a crash or that are not trace records are skipped and counted (exit 0).
+  --plot OUT.png   device memory over time, one panel per run, one colour per rank
+                   (needs matplotlib; any format matplotlib writes: .png, .svg, .pdf)""",
+    "install": """usage: python -m shim install
+
+Writes vllm_sleep_shim.pth (and the PEP 829 vllm_sleep_shim.start) into this
+environment's site-packages: every interpreter of the environment activates the shim.""",
+    "uninstall": """usage: python -m shim uninstall
+
+Removes the files ``install`` wrote.""",
+}
+
+
+def _help(name: str, argv: list) -> bool:
+    if "-h" in argv or "--help" in argv:
+        print(USAGE[name])
+        return True
+    return False
+
+
+def check_trace_path(path: str, option: str = "--trace") -> tuple:
+    """``(absolute path, None)`` when ``path`` (``--trace`` / ``SHIM_TRACE``) can be appended to,
+    else ``(None, one line saying why)``; ``("", None)`` for an empty value (no trace).
+
+    ``option`` names where the path came from in the message (``--trace`` or ``SHIM_TRACE``).
+    Relative paths are made absolute here, against the launcher's working directory, before
+    any child changes directory. Appending is tried for real (a file this creates is removed
+    again), so permissions, read-only file systems and missing directories are all caught."""
+    if not path or not path.strip():
+        return "", None
+    what = f"{option} {path}" if option.startswith("-") else f"{option}={path}"
+    full = os.path.abspath(os.path.expanduser(path.strip()))
+    if os.path.isdir(full):
+        return None, f"{what}: is a directory; give a file path (e.g. {os.path.join(path, 'trace.jsonl')})"
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        return None, f"{what}: directory {parent} does not exist"
+    existed = os.path.exists(full)
+    try:
+        fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        return None, f"{what}: cannot write: {exc.strerror or exc}"
+    os.close(fd)
+    if not existed:
+        try:
+            os.remove(full)
+        except OSError:
+            pass
+    return full, None
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"shim: {message}", file=sys.stderr)
     return code
@@ -33,6 +112,8 @@ def _table(rows: list, columns: list) -> str:
 
 
 def status(argv: list) -> int:
+    if _help("status", argv):
+        return 0
     unknown = [a for a in argv if a not in ("--json", "--import")]
     if unknown:
         return _fail(f"status: unknown argument {unknown[0]!r} (accepted: --json, --import)")
@@ -80,6 +161,8 @@ def _torch_device() -> str:
 
 
 def doctor(argv: list) -> int:
+    if _help("doctor", argv):
+        return 0
     if argv:
         return _fail(f"doctor: unknown argument {argv[0]!r}")
     print(f"python       {sys.version.split()[0]}")
@@ -106,7 +189,11 @@ def doctor(argv: list) -> int:
     print(f"activation:  {always_on or 'not always on here (no vllm_sleep_shim.pth in ' + _site_packages() + ')'}")
     print("known bugs:")
     unhandled, manual = [], []
-    for patch in registry.all_patches():
+    patches = registry.all_patches()
+    features = [p for p in patches if p.issue == FEATURE]
+    for patch in patches:
+        if patch in features:
+            continue
         version = installed(patch.distribution)
         if version is None or not in_range(version, patch.affected):
             print(f"  {patch.issue:<28} not affected ({patch.distribution} {version or 'not installed'})")
@@ -121,6 +208,12 @@ def doctor(argv: list) -> int:
             manual.append(patch)
             print(f"  {patch.issue:<28} AFFECTED ({patch.distribution} {version}); fixed by patch {patch.id} only in "
                   f"processes started with `vllm-sleep-shim CMD` / `python -m shim CMD` or that `import shim.auto`")
+    if features:
+        print("features:")
+    for patch in features:
+        state = "off (disabled)" if off_all or patch.id in off else (
+            "on (always on)" if always_on else "on in processes the shim is active in")
+        print(f"  {patch.id:<28} {state}: {patch.summary}")
     if unhandled or manual:
         bad = unhandled + manual
         print(f"doctor: {len(bad)} known bug(s) affect this environment and are not fixed in every process: "
@@ -161,6 +254,8 @@ def _site_packages() -> str:
 
 
 def install(argv: list) -> int:
+    if _help("install", argv):
+        return 0
     if argv:
         return _fail(f"install: unknown argument {argv[0]!r}")
     site = _site_packages()
@@ -181,6 +276,8 @@ def install(argv: list) -> int:
 
 
 def uninstall(argv: list) -> int:
+    if _help("uninstall", argv):
+        return 0
     if argv:
         return _fail(f"uninstall: unknown argument {argv[0]!r}")
     site = _site_packages()
@@ -195,7 +292,9 @@ def uninstall(argv: list) -> int:
 
 
 def report(argv: list) -> int:
-    """``report TRACE... [--plot OUT.png]``: per-rank table of a SHIM_TRACE recording."""
+    """``report TRACE... [--plot OUT.png]``: per-process table of SHIM_TRACE recordings."""
+    if _help("report", argv):
+        return 0
     from shim import telemetry
 
     paths, out = [], None
@@ -209,26 +308,39 @@ def report(argv: list) -> int:
             i += 2
             continue
         if a.startswith("-"):
-            return _fail(f"report: unknown option {a!r} (accepted: --plot OUT.png)")
+            return _fail(f"report: unknown option {a!r} (accepted: --plot OUT.png, --help)")
         paths.append(a)
         i += 1
     if not paths:
         return _fail("report: give one or more trace files (written with SHIM_TRACE=PATH)")
     try:
-        records = telemetry.load(paths)
+        trace = telemetry.read(paths)
     except telemetry.TraceError as exc:
         return _fail(f"report: {exc}", 1)
-    if not records:
+    if trace.skipped:
+        shown = "; ".join(trace.skipped[:3]) + ("; ..." if len(trace.skipped) > 3 else "")
+        print(f"shim: report: skipped {len(trace.skipped)} line(s) that are not whole trace records ({shown})",
+              file=sys.stderr)
+    if not trace.records:
         return _fail(f"report: no events in {', '.join(paths)}", 1)
-    rows = telemetry.per_rank(records)
-    columns = ["rank", "engines", "cycles", "sleeps", "GiB freed/sleep", "min GiB freed", "ineffective",
-               "asleep s", "awake s", "shim ms/call"]
+    rows = telemetry.rows(trace)
+    columns = ["run", "start", "rank", "pid"] + (["host"] if any("host" in r for r in rows) else []) + [
+        "engines", "cycles", "sleeps", "GiB freed/sleep", "min GiB freed", "ineffective", "asleep s", "awake s",
+        "shim ms/call"]
     print(_table([{k: str(v) for k, v in r.items()} for r in rows], columns))
     if out is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             return _fail("report: --plot needs matplotlib (pip install matplotlib); the table above is complete", 1)
-        telemetry.plot(records, out)
-        print(f"shim: wrote {out}")
+        if os.path.isdir(out):
+            return _fail(f"report: cannot write the plot to {out}: is a directory; the table above is complete", 1)
+        try:
+            telemetry.plot(trace, out)
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            return _fail(f"report: cannot write the plot to {out}: {why}; the table above is complete", 1)
+        # matplotlib adds its default format's suffix to a name without one
+        suffix = "" if os.path.splitext(out)[1] else "." + str(matplotlib.rcParams.get("savefig.format", "png"))
+        print(f"shim: wrote {out}{suffix}")
     return 0

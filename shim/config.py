@@ -46,8 +46,24 @@ to the engine's dtype). ``exact``: every element of every tensor (integer checks
 bit patterns). ``0``/unset: off. A mismatch is a WARNING with the words ``stale weights``
 (SHIM_STRICT raises). CLI: ``python -m shim --verify-weights`` sets ``1``."""
 
+SHIM_STALE_ALARM = "SHIM_STALE_ALARM"
+"""Float > 0, default 0.05. The stale-rollout alarm (``shim.metrics``): one WARNING
+when the trainer's logged logp difference between vLLM's sampling and the trainer
+(TRL ``sampling/sampling_logp_difference/mean``, ms-swift
+``rollout_correction/log_ppl_abs_diff``) stays above this value for 2 logging steps
+in a row. A rollout from the trainer's own weights sits near 0 (about 0.001-0.02 in
+bf16); stale weights give 0.2-1 and more."""
+
+SHIM_SUMMARY_EVERY = "SHIM_SUMMARY_EVERY"
+"""Integer >= 0, default 50. Sleep/wake lines after each engine's first sleep and
+wake are DEBUG; a one-line INFO summary comes every this many sleeps (and at least
+every 10 minutes while the engine sleeps and wakes). 0: only the summary at exit."""
+
 ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE, SHIM_VERIFY_WEIGHTS,
-       SHIM_DEVICE_CHECK_EVERY)
+       SHIM_DEVICE_CHECK_EVERY, SHIM_STALE_ALARM, SHIM_SUMMARY_EVERY)
+
+STALE_ALARM_DEFAULT = 0.05
+SUMMARY_EVERY_DEFAULT = 50
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -102,6 +118,32 @@ def trace_path() -> str | None:
     return os.environ.get(SHIM_TRACE, "").strip() or None
 
 
+def stale_alarm() -> float:
+    """The stale-rollout alarm's threshold (SHIM_STALE_ALARM)."""
+    raw = os.environ.get(SHIM_STALE_ALARM, "")
+    if not raw.strip():
+        return STALE_ALARM_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{SHIM_STALE_ALARM}={raw!r} is not valid; accepted: a number > 0 "
+                          f"(default {STALE_ALARM_DEFAULT}), or unset")
+    return value
+
+
+def summary_every() -> int:
+    """Sleeps between two INFO summary lines (SHIM_SUMMARY_EVERY); 0: none until exit."""
+    raw = os.environ.get(SHIM_SUMMARY_EVERY, "")
+    if not raw.strip():
+        return SUMMARY_EVERY_DEFAULT
+    if not raw.strip().isdigit():
+        raise ConfigError(f"{SHIM_SUMMARY_EVERY}={raw!r} is not valid; accepted: an integer >= 0 "
+                          f"(default {SUMMARY_EVERY_DEFAULT}; 0: only the summary at exit), or unset")
+    return int(raw.strip())
+
+
 def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
     """``(ids switched off, unknown ids)`` from SHIM_DISABLED_PATCHES (``*``: all of ``known``).
 
@@ -117,11 +159,14 @@ def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
 
 
 def validate() -> None:
-    """Raise ConfigError for the first switch with a bad value (booleans and SHIM_VERIFY_WEIGHTS)."""
+    """Raise ConfigError for the first switch with a bad value (booleans, SHIM_VERIFY_WEIGHTS, the
+    alarm threshold, the summary interval)."""
     disabled()
     strict()
     debug()
     verify_weights()
+    stale_alarm()
+    summary_every()
 
 
 DEVICE_CHECK_EVERY_DEFAULT = 10

@@ -141,3 +141,6 @@ def after_push(llm) -> None:
 
     sleep_state.note_weights_pushed(getattr(llm, "__wrapped__", llm))
     engine_caches.after_push(llm)
+    from shim import telemetry
+
+    telemetry.count("weight_pushes")  # shim/weight_pushes in the trainer's metrics

@@ -2,8 +2,10 @@
 
 Decisions (applied, stand down, disabled) are INFO on local rank 0 and DEBUG
 on the other ranks, so an 8-rank job prints each once; problems are WARNING on
-every rank, because each rank's memory is its own. ``logging`` is imported on
-the first line logged, not at start-up.
+every rank, because each rank's memory is its own. Routine sleep/wake lines
+(``event``) are INFO only where they matter (an engine's first sleep and wake,
+a problem) and DEBUG otherwise; ``SHIM_DEBUG=1`` shows them all. ``logging`` is
+imported on the first line logged, not at start-up.
 """
 from __future__ import annotations
 
@@ -68,6 +70,14 @@ def warning(message: str) -> None:
 
 def info(message: str) -> None:
     get().info(message)
+
+
+def event(message: str, important: bool) -> None:
+    """A routine line (a sleep, a wake): INFO when ``important``, else DEBUG (shown with SHIM_DEBUG=1)."""
+    if important:
+        get().info(message)
+    elif _debug:
+        get().debug(message)
 
 
 def debug(message: str) -> None:

@@ -18,7 +18,8 @@ _SHIM_VARS = ("SHIM_DISABLED", "SHIM_DISABLED_PATCHES", "SHIM_STRICT", "SHIM_DEB
 
 def clean_env(**extra: str) -> dict:
     """The current environment without any SHIM_* switch, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in _SHIM_VARS and k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in _SHIM_VARS and not k.startswith("SHIM_") and k != "PYTHONPATH"}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

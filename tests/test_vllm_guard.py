@@ -133,7 +133,9 @@ def test_issue_6636_every_route(model_dir, route):
     assert on["env"] == user_env
     assert on["live"] is True
     assert "INEFFECTIVE" not in proc.stderr and "WARNING" not in proc.stderr
-    assert proc.stderr.count("] INFO sleep LLMEngine#1 level=1: freed") == 2  # one line per sleep, no double count
+    # the first sleep at INFO, the second DEBUG unless it is the first checked from the pool's bookkeeping
+    # (tests/test_log_volume.py); the summary counts each once
+    assert proc.stderr.count("] INFO sleep LLMEngine#1 level=1: freed") == 1 + proc.stderr.count("pool's bookkeeping")
     assert "sleep summary rank 0: 2 sleeps, 0 ineffective" in proc.stderr
 
 
@@ -288,13 +290,14 @@ R["weights_mapped"] = eng.model_executor.driver_worker.model_runner.weights_allo
 
 def test_per_tag_wake(model_dir):
     off, _ = scenario(model_dir, WAKE_BODY, shim=False)
-    on, proc = scenario(model_dir, WAKE_BODY, shim=True)
+    on, proc = scenario(model_dir, WAKE_BODY, shim=True, SHIM_DEBUG="1")  # every sleep/wake line
     assert off["asleep"] == ["kv_cache"] and "illegal memory access" in off["gen_error"]
     assert "out of memory" in off["wake_error"]  # blocks cached by PyTorch not given back
     assert off["weights_mapped"] is True  # the partial-wake sleep was ignored: weights stay on device
     assert on["asleep"] == [] and on["tokens"] == 3 and on["tokens2"] == 3 and "wake_error" not in on
     assert on["asleep_end"] == ["kv_cache", "weights"] and on["weights_mapped"] is False
-    sleeps = [line for line in proc.stderr.splitlines() if "] INFO sleep LLMEngine#1" in line]
+    sleeps = [line for line in proc.stderr.splitlines() if "] INFO sleep LLMEngine#1" in line
+              or "] DEBUG sleep LLMEngine#1" in line]
     assert len(sleeps) == 3, proc.stderr  # LLM.sleep + LLMEngine.sleep counted once each call
     assert "woke it first" in sleeps[2]
     assert "asked weights,kv_cache: the others were awake" in proc.stderr
@@ -339,8 +342,9 @@ def test_trace_and_report(model_dir, tmp_path):
     rep = _shim_cli("report", str(trace), str(other))
     assert rep.returncode == 0, rep.stderr
     lines = rep.stdout.splitlines()
-    assert lines[0].split()[:4] == ["rank", "engines", "cycles", "sleeps"]
-    row0, row1 = lines[1].split(), lines[2].split()
+    assert lines[0].split()[:7] == ["run", "start", "rank", "pid", "engines", "cycles", "sleeps"]
+    row0, row1 = ([r[2]] + r[4:] for r in (lines[1].split(), lines[2].split()))  # rank, engines, ... (no pid)
+    assert lines[1].split()[0] == lines[2].split()[0] == "1"  # the two ranks of one run
     assert row0[:4] == ["0", "1", "1", "2"] and row0[6] == "0"
     assert row1[:4] == ["1", "1", "1", "2"] and row1[6] == "1" and row1[5] == "0.00"
     assert float(row0[4]) > 10
@@ -363,8 +367,10 @@ def test_report_bad_input(tmp_path):
     assert "cannot read" in missing.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"event": "sleep", "t": 1, "engine": "E#1"}\n{not json\n')
-    proc = _shim_cli("report", str(bad))
-    assert proc.returncode == 1 and proc.stderr.strip() == f"shim: report: {bad}:2: not a JSON line (Expecting property name enclosed in double quotes)"
+    proc = _shim_cli("report", str(bad))  # a bad line is skipped and counted (tests/test_report.py)
+    assert proc.returncode == 0 and proc.stderr.strip() == (
+        f"shim: report: skipped 1 line(s) that are not whole trace records ({bad}:2: not a JSON line "
+        f"(Expecting property name enclosed in double quotes))")
     assert _shim_cli("report").returncode == 2
 
 

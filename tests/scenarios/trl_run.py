@@ -51,6 +51,15 @@ def main():
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", free_port())
+    import logging
+
+    shim_log = []  # the shim's log lines (its own "shim" logger), for the result
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            shim_log.append([record.levelname, record.getMessage()])
+
+    logging.getLogger("shim").addHandler(Collect(logging.INFO))
     if a.shim == "before":
         import shim.auto  # noqa: F401
     import tiny
@@ -156,7 +165,7 @@ def main():
 
     from shim import patching
 
-    metrics = [{k: v for k, v in h.items() if k.startswith("sampling/") or k in ("step", "reward", "loss")}
+    metrics = [{k: v for k, v in h.items() if k.startswith(("sampling/", "shim/")) or k in ("step", "reward", "loss")}
                for h in trainer.state.log_history]
     pushes = sum(1 for e in EVENTS if e["event"] == "load_weights")
     summary = {
@@ -173,6 +182,7 @@ def main():
         "error": error,
         "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
                    if "shim.verify" in sys.modules else None),
+        "shim_log": shim_log,
     }
     print(json.dumps(summary))
 

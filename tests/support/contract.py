@@ -65,6 +65,7 @@ TARGETS = {
     "verify-weights-trl-gold": ("trl", "0.29.1"),
     "verify-weights-swift": ("swift", "3.10.1"),
     "verify-weights-swift-4x": ("swift", "4.6.0"),
+    "trainer-metrics": ("vllm", "0.24.0"),  # transformers.trainer from tests/requirements.txt (4.57.6)
 }
 # patch module -> switches its cases run with (the verify-only records stand down while their switch is off)
 MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}

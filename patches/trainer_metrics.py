@@ -1,0 +1,60 @@
+"""The shim's figures in the trainer's logged metrics (``shim/...``), and the stale-rollout alarm.
+
+Upstream: none (a feature). Asked for in huggingface/trl#5312 (a stale-weights detector built by hand on
+          ``sampling/sampling_logp_difference/mean``), vllm#52689 and verl#6666 (prove a weight sync landed),
+          vllm-ascend#12073 (prove a sleep freed memory)
+Affects:  transformers >=4.38.0 (``Trainer.log(logs, start_time)``), every trainer whose ``log`` reaches
+          ``transformers.trainer.Trainer.log``: TRL's (GRPO, RLOO, OnlineDPO, GOLD, ...) and ms-swift's
+Remove:   never (a feature); the alarm when trainers check their own weight syncs
+
+One wrapper on the base ``Trainer.log`` (``shim.metrics.wrap_log``), the last
+method every trainer's ``log`` calls before the logs are recorded: it adds the
+``shim/`` keys to the dict (so they reach ``state.log_history``, the console,
+wandb, tensorboard and ms-swift's ``logging.jsonl``) and feeds the trainer's own
+logp difference to the alarm. Why not a ``TrainerCallback``: ``Trainer.log``
+appends to ``log_history`` before it calls ``on_log`` (read in transformers
+4.57.6), so a callback cannot add to what is recorded. Stands down where
+``Trainer.log`` has no ``logs`` parameter.
+"""
+from shim.patching import Patch
+
+ID = "trainer-metrics"
+
+
+def _probe(module):
+    import inspect
+
+    trainer = getattr(module, "Trainer", None)
+    log = getattr(trainer, "log", None)
+    if log is None:
+        return "upstream shape changed: transformers.trainer.Trainer.log not found"
+    try:
+        params = list(inspect.signature(log).parameters)
+    except (TypeError, ValueError):
+        return "upstream shape changed: Trainer.log has no readable signature"
+    if params[1:2] != ["logs"]:
+        return f"upstream shape changed: Trainer.log{tuple(params)} has no 'logs' first argument"
+    return None
+
+
+def _apply(module, patcher):
+    from shim import metrics
+
+    patcher.wrap(module.Trainer, "log", metrics.wrap_log)
+
+
+PATCH = Patch(
+    id=ID,
+    issue="feature",
+    distribution="transformers",
+    affected=">=4.38.0",
+    module="transformers.trainer",
+    apply=_apply,
+    probe=_probe,
+    summary="shim/ figures (sleeps, ineffective sleeps, GiB freed per sleep, weight pushes, verified/stale "
+            "rollouts) in the trainer's logged metrics; stale-rollout alarm on the trainer's logp difference",
+    verified="CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: shim/ keys in log_history; alarm fires "
+             "with trl-stale-weights disabled, silent with it on",
+)
+
+PATCHES = [PATCH]
