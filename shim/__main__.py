@@ -10,7 +10,7 @@ USAGE = """usage:
     python -m shim status [--json] [--import]         one row per patch and its decision
     python -m shim doctor                              versions, allocator settings, known bugs
     python -m shim install | uninstall                 always on / off for this environment
-    python -m shim report TRACE... [--plot OUT.png]    per-rank sleep/wake table from SHIM_TRACE files
+    python -m shim report TRACE... [--plot OUT.png]    sleep/wake table per process and run from SHIM_TRACE files
 
 OPTIONS: --trace PATH (SHIM_TRACE), --disable ID[,ID] (SHIM_DISABLED_PATCHES),
 --strict (SHIM_STRICT=1), --debug (SHIM_DEBUG=1), --verify-weights (SHIM_VERIFY_WEIGHTS=1). A command named like a
@@ -71,6 +71,13 @@ def run(argv: list) -> int:
     if unknown:
         print(f"shim: warning: {config.SHIM_DISABLED_PATCHES}: unknown patch id(s) {', '.join(unknown)} ignored; "
               f"valid ids: {', '.join(registry.ids())}", file=sys.stderr)
+    from shim import cli
+
+    trace, error = cli.check_trace_path(env.get(config.SHIM_TRACE, ""))
+    if error:
+        return fail(error)
+    if trace:
+        env[config.SHIM_TRACE] = trace  # absolute: children may change directory
     executable = shutil.which(command[0], path=env.get("PATH"))
     if executable is None:
         return fail(f"command not found: {command[0]}", 127)

@@ -230,8 +230,6 @@ def shim_cli_env(*args, **env):
                           env=clean_env(PYTHONPATH=str(REPO), **env), cwd=str(REPO), timeout=120)
 
 
-@pytest.mark.xfail(strict=True, reason="shim/__main__.run does not call cli.check_trace_path yet (the lead's file): "
-                                       "remove this mark when it does")
 def test_launcher_checks_the_trace_path_before_the_command(tmp_path):
     """``python -m shim --trace PATH CMD``: an unwritable PATH stops before CMD (one line, exit 2); a
     relative PATH reaches the child absolute, so a child that changes directory still appends there."""

@@ -38,9 +38,8 @@ def test_bad_flag_names_variable_and_values(monkeypatch):
 
 def test_disabled_patches(monkeypatch):
     monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "a, b")
-    assert config.disabled_patches(["a", "b", "c"]) == {"a", "b"}
+    assert config.disabled_patches(["a", "b", "c"]) == ({"a", "b"}, [])
     monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "*")
-    assert config.disabled_patches(["a", "b"]) == {"a", "b"}
-    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "zz")
-    with pytest.raises(config.ConfigError, match="SHIM_DISABLED_PATCHES='zz'.*a, b"):
-        config.disabled_patches(["a", "b"])
+    assert config.disabled_patches(["a", "b"]) == ({"a", "b"}, [])
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "zz, a, gone")  # unknown: reported, never an error
+    assert config.disabled_patches(["a", "b"], removed={"gone": "removed in 0.2"}) == ({"a"}, ["zz"])
