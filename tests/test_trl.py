@@ -60,7 +60,9 @@ def test_grpo_every_generate_uses_trained_weights(version):
         assert on["mismatches"] == 0
         assert on["load_weights_events"] == off["load_weights_events"]
         assert on["reloads"] == off["reloads"]
-        trl_decisions = {k: d for k, d in on["decisions"].items() if k.startswith("trl-")}
+        # the weight-sync fixes stand down (trl-vlm-encoder-cache, a separate bug, applies from 0.28 on)
+        sync_fixes = ("trl-stale-weights", "trl-grpo-level2-resync", "trl-rloo-level2-resync")
+        trl_decisions = {k: d for k, d in on["decisions"].items() if k in sync_fixes}
         assert not any(d == "applied" for d in trl_decisions.values()), trl_decisions
     else:
         assert_invariant(on)

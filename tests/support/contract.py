@@ -104,7 +104,25 @@ def _environment(kind: str, release: str):
 @functools.lru_cache(maxsize=None)
 def module_results(module_name: str) -> dict:
     """``{(patch id, case): result dict or traceback str}`` for every case of a patch module,
-    one interpreter per (kind, release) of its patches."""
+    computed once per pytest run: the test workers of one run share it through a file under
+    ``.envs/contract-runs/<run id>/`` (pytest-xdist's run id, one per session), written under an
+    exclusive lock by the first worker that needs it."""
+    from tests.envs import _FileLock
+
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    folder = REPO / ".envs" / "contract-runs" / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{module_name}.json"
+    with _FileLock(folder / f".{module_name}.lock", timeout=3600.0):
+        if not path.exists():
+            results = _compute(module_name)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps([[pid, case, out] for (pid, case), out in results.items()]))
+            os.replace(tmp, path)
+    return {(pid, case): out for pid, case, out in json.loads(path.read_text())}
+
+
+def _compute(module_name: str) -> dict:
     from shim import registry
 
     groups = {}
