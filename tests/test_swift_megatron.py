@@ -40,23 +40,9 @@ if spec["shim"]:
     import shim.auto  # noqa: F401
 
 
-def _mcore_bridge_standin():
-    """The names swift.megatron imports from mcore_bridge; none is called on this path."""
-    mb = types.ModuleType("mcore_bridge")
-    mb.__path__ = []
-    mb.__version__ = "0+cpu-standin"
+from tests.support import mcore_bridge  # noqa: E402
 
-    def unavailable(*args, **kwargs):
-        raise RuntimeError("mcore_bridge stand-in: the real one needs transformer_engine")
-
-    for name in ("get_mcore_model", "hf_to_mcore_config", "set_random_seed", "split_cp_inputs", "unwrap_model"):
-        setattr(mb, name, unavailable)
-    for name in ("ModelConfig", "GPTBridge", "LoraParallelLinear"):
-        setattr(mb, name, type(name, (), {}))
-    sys.modules["mcore_bridge"] = mb
-
-
-_mcore_bridge_standin()
+mcore_bridge.install()
 import importlib
 import torch
 

@@ -21,23 +21,6 @@ the upstream objects) or ``....err`` with the traceback. Cases:
 """
 import json
 import sys
-import types
-
-
-def mcore_bridge_standin():
-    """The names swift.megatron imports from mcore_bridge (the real one needs transformer_engine)."""
-    mb = types.ModuleType("mcore_bridge")
-    mb.__path__ = []
-    mb.__version__ = "0+cpu-standin"
-
-    def unavailable(*args, **kwargs):
-        raise RuntimeError("mcore_bridge stand-in")
-
-    for name in ("get_mcore_model", "hf_to_mcore_config", "set_random_seed", "split_cp_inputs", "unwrap_model"):
-        setattr(mb, name, unavailable)
-    for name in ("ModelConfig", "GPTBridge", "LoraParallelLinear"):
-        setattr(mb, name, type(name, (), {}))
-    sys.modules["mcore_bridge"] = mb
 
 
 def run_case(pid, case):
@@ -134,7 +117,9 @@ def main():
     out_dir, args = sys.argv[1], sys.argv[2:]
     if "--megatron" in args:
         args.remove("--megatron")
-        mcore_bridge_standin()
+        from tests.support import mcore_bridge
+
+        mcore_bridge.install()
     for name in PRELOAD:  # the expensive part, paid once; nothing of the shim or the patched code
         importlib.import_module(name)
     assert not any(m == "shim" or m.startswith("shim.") for m in sys.modules)
