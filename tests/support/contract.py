@@ -134,7 +134,7 @@ def _compute(module_name: str) -> dict:
         env.update(MODULE_ENV.get(module_name, {}))
         with tempfile.TemporaryDirectory(prefix="contract-") as out:
             args = [f"{pid}:{case}" for pid in pids for case in CASES]
-            extra = ["--megatron"] if kind == "swift-megatron" else []
+            extra = (["--megatron"] if kind == "swift-megatron" else []) + (["--swift"] if kind.startswith("swift") else [])
             proc = subprocess.run([python, str(CHILD), out, *extra, *args], env=env, capture_output=True, text=True,
                                   timeout=1200, cwd=str(REPO))
             for arg in args:

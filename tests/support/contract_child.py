@@ -1,6 +1,6 @@
 """The cases of the patch contract, each in a fresh process (``tests/support/contract.py`` starts it).
 
-    python contract_child.py OUT_DIR [--megatron] PATCH_ID:CASE ...
+    python contract_child.py OUT_DIR [--megatron] [--swift] PATCH_ID:CASE ...
 
 The interpreter imports the heavy third-party libraries the upstream module needs (torch,
 transformers; never the patched distribution, the shim or the upstream module itself), then
@@ -107,6 +107,9 @@ def run_case(pid, case):
 
 
 PRELOAD = ("torch", "transformers")
+SWIFT_PRELOAD = ("accelerate", "datasets", "peft", "trl")
+"""ms-swift's dependencies (``--swift``): never the patched distribution or its modules; trl's root
+is a lazy module, so none of the TRL modules other patches hook is imported by it."""
 
 
 def main():
@@ -120,7 +123,11 @@ def main():
         from tests.support import mcore_bridge
 
         mcore_bridge.install()
-    for name in PRELOAD:  # the expensive part, paid once; nothing of the shim or the patched code
+    preload = PRELOAD
+    if "--swift" in args:
+        args.remove("--swift")
+        preload += SWIFT_PRELOAD
+    for name in preload:  # the expensive part, paid once; nothing of the shim or the patched code
         importlib.import_module(name)
     assert not any(m == "shim" or m.startswith("shim.") for m in sys.modules)
     for arg in args:
