@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.gpu import common
+from tests.gpu import common, results
 
 FOLDER = os.environ.get(common.RESULTS_ENV)
 pytestmark = pytest.mark.skipif(not FOLDER, reason=f"{common.RESULTS_ENV} is not set (tests/gpu/run_swift.sh sets it)")
@@ -38,11 +38,7 @@ def data():
 
 def run_of(data, tuner, level, shim):
     label = f"grpo {tuner} L{level}" + (" + shim" if shim else "")
-    r = data["runs"].get(label)
-    if r is None:
-        pytest.skip(f"run {label!r} was not made")
-    if r.get("skipped"):
-        pytest.skip(f"run {label!r}: {r['skipped']}")
+    r = results.run_of(data, label)  # skips a run that was not made or was skipped
     assert r.get("rc") == 0 and r.get("metrics"), f"run {label!r} failed: {r.get('error')}"
     return r
 
