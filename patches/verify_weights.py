@@ -25,6 +25,7 @@ SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify``):
   colocate fast inference only, never with ``async_generate`` (rollouts one step behind by
   design).
 """
+from shim import trl_binding
 from shim.patching import Patch
 
 SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn (0.25-0.27), "
@@ -65,19 +66,6 @@ def _apply_vllm(module, patcher):
 
 
 # -- TRL: which trainer model the engine must equal ----------------------------------------
-def _generation_colocate(gen):
-    return getattr(gen, "mode", None) == "colocate"
-
-
-def _trainer_colocate(trainer):
-    args = getattr(trainer, "args", None)
-    return bool(getattr(args, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
-
-
-def _gold_colocate(trainer):
-    return bool(getattr(trainer, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
-
-
 def _arming(class_name, method, predicate, llm_attr="llm"):
     site = f"{class_name}.{method}"
 
@@ -133,19 +121,19 @@ PATCHES = [
     _patch("verify-weights-vllm", "vllm", ">=0.8.0", "vllm.entrypoints.llm", (_probe_vllm, _apply_vllm),
            "LLM.generate/chat: an armed engine's weights compared with the trainer's right before sampling"),
     _patch("verify-weights-trl", "trl", ">=0.28.0", "trl.generation.vllm_generation",
-           _arming("VLLMGeneration", "generate", _generation_colocate),
+           _arming("VLLMGeneration", "generate", trl_binding.generation_colocate),
            "VLLMGeneration.generate (colocate) arms its engine with the trainer model"),
     _patch("verify-weights-trl-grpo", "trl", ">=0.25.0,<0.28.0", "trl.trainer.grpo_trainer",
-           _arming("GRPOTrainer", "_generate_single_turn", _trainer_colocate),
+           _arming("GRPOTrainer", "_generate_single_turn", trl_binding.trainer_colocate),
            "GRPOTrainer._generate_single_turn (colocate) arms its engine with the trainer model"),
     _patch("verify-weights-trl-rloo", "trl", ">=0.25.0,<0.28.0", "trl.trainer.rloo_trainer",
-           _arming("RLOOTrainer", "_generate_single_turn", _trainer_colocate),
+           _arming("RLOOTrainer", "_generate_single_turn", trl_binding.trainer_colocate),
            "RLOOTrainer._generate_single_turn (colocate) arms its engine with the trainer model"),
     _patch("verify-weights-trl-online-dpo", "trl", ">=0.28.0", "trl.experimental.online_dpo.online_dpo_trainer",
-           _arming("OnlineDPOTrainer", "_generate_vllm_colocate", _trainer_colocate),
+           _arming("OnlineDPOTrainer", "_generate_vllm_colocate", trl_binding.trainer_colocate),
            "OnlineDPOTrainer._generate_vllm_colocate arms its engine with the trainer model"),
     _patch("verify-weights-trl-gold", "trl", ">=0.25.0,<1.0.0", "trl.experimental.gold.gold_trainer",
-           _arming("GOLDTrainer", "_generate_on_policy_outputs_vllm", _gold_colocate, llm_attr="vllm_engine"),
+           _arming("GOLDTrainer", "_generate_on_policy_outputs_vllm", trl_binding.gold_colocate, llm_attr="vllm_engine"),
            "GOLDTrainer._generate_on_policy_outputs_vllm (colocate) arms its engine with the trainer model"),
     _patch("verify-weights-swift", "ms-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
            (_probe_swift, _apply_swift),

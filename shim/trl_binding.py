@@ -15,22 +15,35 @@ wrapper first runs.
 from __future__ import annotations
 
 
-def trainer_colocate_sleep(trainer) -> bool:
-    """A trainer with its own ``llm``: ``args.use_vllm``, ``vllm_mode``, ``args.vllm_enable_sleep_mode``."""
+def trainer_colocate(trainer) -> bool:
+    """A trainer with its own colocated ``llm``: ``args.use_vllm`` and ``vllm_mode``."""
     args = getattr(trainer, "args", None)
-    return (bool(getattr(args, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
-            and bool(getattr(args, "vllm_enable_sleep_mode", False)))
+    return bool(getattr(args, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
+
+
+def trainer_colocate_sleep(trainer) -> bool:
+    """... with ``args.vllm_enable_sleep_mode``."""
+    return trainer_colocate(trainer) and bool(getattr(trainer.args, "vllm_enable_sleep_mode", False))
+
+
+def generation_colocate(gen) -> bool:
+    """``VLLMGeneration`` (0.28+) in colocate ``mode``."""
+    return getattr(gen, "mode", None) == "colocate"
 
 
 def generation_colocate_sleep(gen) -> bool:
-    """``VLLMGeneration`` (0.28+): ``mode`` and ``enable_sleep_mode``."""
-    return getattr(gen, "mode", None) == "colocate" and bool(getattr(gen, "enable_sleep_mode", False))
+    """... with ``enable_sleep_mode``."""
+    return generation_colocate(gen) and bool(getattr(gen, "enable_sleep_mode", False))
+
+
+def gold_colocate(trainer) -> bool:
+    """GOLD 0.25-0.29: ``use_vllm`` and ``vllm_mode`` on the trainer itself."""
+    return bool(getattr(trainer, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
 
 
 def gold_colocate_sleep(trainer) -> bool:
-    """GOLD 0.25-0.29: ``use_vllm``, ``vllm_mode``, ``vllm_enable_sleep_mode`` on the trainer."""
-    return (bool(getattr(trainer, "use_vllm", False)) and getattr(trainer, "vllm_mode", None) == "colocate"
-            and bool(getattr(trainer, "vllm_enable_sleep_mode", False)))
+    """... with ``vllm_enable_sleep_mode`` on the trainer."""
+    return gold_colocate(trainer) and bool(getattr(trainer, "vllm_enable_sleep_mode", False))
 
 
 class _Site:
