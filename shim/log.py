@@ -80,6 +80,11 @@ def event(message: str, important: bool) -> None:
         get().debug(message)
 
 
+def debugging() -> bool:
+    """DEBUG lines are shown (``SHIM_DEBUG=1``)."""
+    return _debug
+
+
 def debug(message: str) -> None:
     if _debug:
         get().debug(message)

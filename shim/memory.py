@@ -125,10 +125,11 @@ def release_cached(p: "Probe | None" = None) -> None:
     vLLM >= 0.30 does this itself with a full ``gc.collect()`` (its callers skip this). A
     full collection costs 0.1-0.5 s in a training process of a few 100k objects, on every
     wake; the garbage that holds device tensors at a wake is the last step's, which the
-    young generations hold, and ``empty_cache`` is what frees the blocks.
+    young generations hold, and ``empty_cache`` is what frees the blocks. No synchronize
+    first: ``empty_cache`` waits on the events of blocks still in use on other streams and
+    frees through ``cudaFree``, which synchronizes the device itself.
     """
     gc.collect(1)
     p = p or probe()
     if p is not None:
-        p.synchronize()
         p.empty_cache()

@@ -197,6 +197,8 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
     tracked = sleep_pool.tracked_bytes(probe)
     read = sleep_verdict.reading_due(state, level, tracked, sleep_verdict.check_every()) is not None
+    if read:  # a device reading: the verdict on exact figures
+        tracked = sleep_pool.tracked_bytes(probe, exact=True)
     result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
     first = state.sleeps == 0
     state.sleeps += 1
@@ -231,7 +233,7 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         if reissued:
             def sleep_again():
                 return _measured_sleep(engine, state, wrapped, args, kwargs, level, probe,
-                                       sleep_pool.tracked_bytes(probe), True)
+                                       sleep_pool.tracked_bytes(probe, exact=True), True)
 
             try:
                 effective, tracked, freed, cause = first_sleep_reset.reissue(engine, state, name, level, probe,

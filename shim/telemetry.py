@@ -140,12 +140,13 @@ def emit(event: str, engine: str, seconds: float, **fields) -> dict:
 
             atexit.register(summary)
             _atexit[0] = True
-    line = _line(rec)
-    if first_wake:
-        every = _summary_every()
-        line += ("; further sleep/wake lines are DEBUG (SHIM_DEBUG=1 shows them), "
-                 + (f"a summary every {every} sleeps or 10 minutes" if every else "a summary at exit"))
-    log.event(line, important)
+    if important or log.debugging():  # a routine line that nobody sees is not formatted
+        line = _line(rec)
+        if first_wake:
+            every = _summary_every()
+            line += ("; further sleep/wake lines are DEBUG (SHIM_DEBUG=1 shows them), "
+                     + (f"a summary every {every} sleeps or 10 minutes" if every else "a summary at exit"))
+        log.event(line, important)
     if periodic:
         summary()
     path = config.trace_path()

@@ -13,9 +13,10 @@
 #   1. bench/gpu_trl_5312.py    5 GRPO runs one by one, tiny model (#5312 with/without shim, TRL 1.10.0)
 #   2. bench/gpu_step_cost.py   3 GRPO runs one by one, wide model (s/step, sleep/wake as TRL drives it)
 #   3. bench/gpu_sleep_memory.py 6 engines one by one, wide model (freed vs pool, routes, graphs, timing)
-#   4. pytest tests/gpu on the results; then examples/trl_grpo_colocate.py if time is left
+#   4. bench/gpu_verify_weights.py, bench/gpu_shim_time.py, bench/gpu_log_volume.py (PHASES verify shimtime logs)
+#   5. pytest tests/gpu on the results; then examples/trl_grpo_colocate.py if time is left
 # Runs that could not finish before BUDGET_S (default 520 s after start) are skipped and say so.
-# Knobs: PHASES ("trl5312 cost sleep"), COST_ARGS (e.g. "--with-trl-only --with-bug"), RUN_EXAMPLE (1),
+# Knobs: PHASES ("trl5312 cost sleep"; also verify, shimtime, logs), SLEEP_ONLY (configs of the sleep phase), COST_ARGS (e.g. "--with-trl-only --with-bug"), RUN_EXAMPLE (1),
 # STEPS_5312 (6), STEPS_COST (8), CYCLES (8 sleep/wake cycles per level), SIZE_WIDE (wide),
 # ALLOW_FAKE=1 with tests/fakevllm on PYTHONPATH and VK=none: a dry run of this script on CPU.
 # OUT_DIR receives: run_all.log, gpu_trl_5312.json, gpu_step_cost.json, gpu_sleep_memory.json,
@@ -83,7 +84,7 @@ EOF
 
 # ---- 3. the benchmarks, chained (PHASES picks some: trl5312 cost sleep) ------------------------
 PHASES=" ${PHASES:-trl5312 cost sleep} "
-rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done
+rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done "$W"/T.done "$W"/L.done
 el "launching:${PHASES}(in that order on the GPU)"
 PIDS=()
 if [[ $PHASES == *" trl5312 "* ]]; then
@@ -99,13 +100,24 @@ if [[ $PHASES == *" cost "* ]]; then
   PIDS+=($!)
 else touch "$W/B.done"; fi
 if [[ $PHASES == *" sleep "* ]]; then
+  # shellcheck disable=SC2086
   python3 bench/gpu_sleep_memory.py --model "$W/wide" --workdir "$W/sleep" --after "$W/B.done" --cycles "$CYCLES" \
-    --out "$OUT/gpu_sleep_memory.json" --done "$W/M.done" > "$W/bench_sleep.txt" 2>&1 &
+    ${SLEEP_ONLY:+--only $SLEEP_ONLY} --out "$OUT/gpu_sleep_memory.json" --done "$W/M.done" > "$W/bench_sleep.txt" 2>&1 &
   PIDS+=($!)
 else touch "$W/M.done"; fi
 if [[ $PHASES == *" verify "* ]]; then
   python3 bench/gpu_verify_weights.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/verify" --after "$W/M.done" \
     --steps "${STEPS_VERIFY:-8}" --out "$OUT/gpu_verify_weights.json" --done "$W/V.done" > "$W/bench_verify.txt" 2>&1 &
+  PIDS+=($!)
+else touch "$W/V.done"; fi
+if [[ $PHASES == *" shimtime "* ]]; then
+  python3 bench/gpu_shim_time.py --model "$W/wide" --after "$W/V.done" --cycles "${CYCLES_TIME:-20}" \
+    --out "$OUT/gpu_shim_time.json" --done "$W/T.done" > "$W/bench_shimtime.txt" 2>&1 &
+  PIDS+=($!)
+else touch "$W/T.done"; fi
+if [[ $PHASES == *" logs "* ]]; then
+  python3 bench/gpu_log_volume.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/logs" --after "$W/T.done" \
+    --steps "${STEPS_LOGS:-100}" --out "$OUT/gpu_log_volume.json" --done "$W/L.done" > "$W/bench_logs.txt" 2>&1 &
   PIDS+=($!)
 fi
 # watchdog: nothing may run past the budget + 35 s (the device call's limit is 600 s). Its output goes to the
@@ -115,7 +127,7 @@ fi
 WD=$!
 for p in "${PIDS[@]}"; do wait "$p"; done
 pkill -P "$WD" 2>/dev/null; kill "$WD" 2>/dev/null
-for f in bench_trl5312 bench_cost bench_sleep bench_verify; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
+for f in bench_trl5312 bench_cost bench_sleep bench_verify bench_shimtime bench_logs; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
 
 # ---- 4. tests on the results, example, logs --------------------------------------------------
 el "pytest tests/gpu on the results"
