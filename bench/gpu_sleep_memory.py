@@ -60,6 +60,8 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--one", default="", choices=["", *CONFIGS], help="run one configuration in this process")
     p.add_argument("--only", nargs="*", default=[], help="configurations to run (default: all)")
+    p.add_argument("--merge", nargs=2, default=None, metavar=("NEW", "OLD"),
+                   help="write --out from two results files: NEW's runs, plus OLD's runs that NEW lacks")
     p.add_argument("--model", default="")
     p.add_argument("--size", default="wide", choices=sorted(common.SIZES))
     p.add_argument("--workdir", default="/tmp/shim-gpu/sleep")
@@ -377,8 +379,32 @@ def _levels(r):
     return {x["level"] for x in r.get("sleeps", [])}
 
 
+def merge(new_path: str, old_path: str, out: str) -> int:
+    """One results file from a run of some configurations (``--only``) and an earlier run of the
+    others: NEW's runs and tables, OLD's runs that NEW lacks; ``runs_from`` says which file,
+    date and shim commit each run comes from."""
+    new, old = common.read_json(new_path), common.read_json(old_path)
+    if new is None or old is None:
+        print(f"cannot read {new_path if new is None else old_path}", file=sys.stderr)
+        return 2
+    results = dict(new["runs"])
+    src = {name: {"date": new["env"].get("date"), "shim_commit": new["env"].get("shim_commit")} for name in results}
+    for name, r in old["runs"].items():
+        if name not in results:
+            results[name] = r
+            src[name] = {"date": old["env"].get("date"), "shim_commit": old["env"].get("shim_commit")}
+    timing, memory, checks = tables(results)
+    record = {**new, "checks": checks, "timing_md": timing, "memory_md": memory, "runs": results, "runs_from": src,
+              "env_of_older_runs": old["env"]}
+    common.write_json(out, record)
+    print(timing + "\n\n" + memory)
+    return 0
+
+
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.merge:
+        return merge(*a.merge, a.out or str(common.RESULTS_DIR / "gpu_sleep_memory.json"))
     if a.one:
         try:
             return one(a)
