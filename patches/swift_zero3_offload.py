@@ -18,17 +18,22 @@ and back to ``get_current_device()`` in ``load_model``.
 
 The shim does the same after ms-swift's own loop (which still moves ``param.data``, as in
 every 3.x release): each ZeRO-3 partition to the CPU and the caching allocator emptied; at
-load, each partition back to the device ms-swift's ``load_model`` uses (its module's
-``get_current_device``). Models without ZeRO-3 parameters, and FSDP2 (3.12.x), are left to
-ms-swift unchanged. Both records stand down by probe where ``offload_model`` already moves
-``ds_tensor``. 3.2.1-3.5.0 have the same gap in another shape (``offload_model(self)`` moves
-modules with ``module.to('cpu')``): not patched (out of range).
-
-Limit (also of the 4.0.0 fix): once DeepSpeed's ZeRO-3 optimizer exists (``train()``), the
-trained model's partitions are views into the optimizer's flat ``lp_param_buffer``; moving
-``ds_tensor.data`` then re-points the views and the buffer keeps the device memory. What this
-fixes is every ZeRO-3 model without an optimizer: the model at vLLM's construction, the
-reference model and the GKD teacher.
+load, each partition it moved back to the device ms-swift's ``load_model`` uses (its module's
+``get_current_device``). Two differences from 4.0.0, both for partitions whose move would
+free nothing: a partition already on the host (ZeRO-3 ``offload_param``) stays where
+DeepSpeed keeps it (4.0.0 would load it onto the GPU), and a partition that is a view into
+the ZeRO-3 optimizer's flat ``lp_param_buffer`` (the trained model once ``train()`` built the
+DeepSpeed engine) is not copied: the buffer keeps the device memory, and the copy that
+4.0.0's ``load_model`` makes would hold the partitions a second time on the device until the
+next optimizer step re-points them into the buffer (read in deepspeed 0.19.8
+``stage3.py`` ``_create_fp16_partitions_with_defragmentation`` / ``_unflatten_partitioned_parameters``,
+and run on its CPU build). So what the offload frees is every ZeRO-3 model without an
+optimizer: the model at vLLM's construction (the issue's OOM), the reference model and the
+GKD teacher; the trained model's partitions during training stay (4.0.0 frees them neither).
+Models without ZeRO-3 parameters, and FSDP2 (3.12.x), are left to ms-swift unchanged. Both
+records stand down by probe where ``offload_model`` already moves ``ds_tensor``. 3.2.1-3.5.0
+have the same gap in another shape (``offload_model(self)`` moves modules with
+``module.to('cpu')``): not patched (out of range).
 """
 from shim.patching import Patch
 
@@ -61,22 +66,38 @@ def _empty_cache():
         npu.empty_cache()
 
 
+def _owns_storage(t) -> bool:
+    """False for a view into a larger buffer (DeepSpeed's ZeRO-3 optimizer flattens the partitions)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
 def _make_wrappers(module):
     def offload_model(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         params = [] if getattr(instance, "_is_fsdp2", False) else _partitioned(_model_arg(wrapped, args, kwargs))
+        moved = 0
         if params:
             import torch
 
             with torch.no_grad():
                 for param in params:
-                    param.ds_tensor.data = param.ds_tensor.data.to("cpu", non_blocking=True)
-            _empty_cache()
+                    part = param.ds_tensor
+                    if not _owns_storage(part):  # the optimizer's flat buffer keeps the memory: a copy frees nothing
+                        continue
+                    host = part.data.to("cpu", non_blocking=True)
+                    if host.untyped_storage().data_ptr() == part.untyped_storage().data_ptr():
+                        continue  # already on the host (ZeRO-3 offload_param): DeepSpeed's placement, left alone
+                    part.data = host
+                    part._shim_offloaded = True  # on the partition object: load_model moves exactly these back
+                    moved += 1
+            if moved:
+                _empty_cache()
         return result
 
     def load_model(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         params = [] if getattr(instance, "_is_fsdp2", False) else _partitioned(_model_arg(wrapped, args, kwargs))
+        params = [p for p in params if getattr(p.ds_tensor, "_shim_offloaded", False)]
         if params:
             import torch
 
@@ -84,6 +105,7 @@ def _make_wrappers(module):
             with torch.no_grad():
                 for param in params:
                     param.ds_tensor.data = param.ds_tensor.data.to(device, non_blocking=True)
+                    param.ds_tensor._shim_offloaded = False
         return result
 
     return offload_model, load_model

@@ -10,6 +10,9 @@ CUDA, with CUDA's semantics for ``Tensor.to``), sized so that they take half of 
 ``vllm_gpu_memory_utilization=0.6``, so vLLM's start-up check (free memory after ``empty_cache``
 >= 0.6 x total) passes only when the offload gave their memory back.
 
+On 3.10.1 the run goes on to the offload around a rollout once the DeepSpeed engine (ZeRO-3 optimizer)
+exists (``check_trained_model``).
+
 One release per code shape: 3.10.1 (``RolloutTrainerMixin.offload_model``, 3.10.0-3.12.2) and 3.9.3
 (``GRPOTrainer``'s own copy, 3.5.1-3.9.x). The bug is shown on 3.10.1 only: the two releases'
 ``offload_model``/``load_model`` are the same source, byte for byte (read in the wheels).
@@ -48,7 +51,7 @@ def test_offload_frees_nothing_without_shim():
 
 @pytest.mark.parametrize("version", ["3.10.1", "3.9.3"])
 def test_offload_frees_partitions_with_shim(version):
-    r = run(version, "--shim")
+    r = run(version, "--shim", *(["--train-engine"] if version == "3.10.1" else []))
     # at the engine build every partition is off the GPU: the device is all free again
     assert r["partition_bytes_on_device_at_build"] == 0, r
     assert r["free_before_build"] == r["device_total"]
@@ -60,3 +63,18 @@ def test_offload_frees_partitions_with_shim(version):
     patch = PATCH[version]
     assert r["decisions"][patch] == "applied"
     assert r["offload_wrapped_by"] == patch and r["load_wrapped_by"] == patch
+    if version == "3.10.1":  # the same wrappers on 3.9.3
+        check_trained_model(r["train"], r["partition_bytes"])
+
+
+def check_trained_model(train, partition_bytes):
+    """Once ``train()`` built the DeepSpeed engine, ZeRO-3's optimizer holds the trained model's partitions
+    in one flat buffer and every ``ds_tensor`` is a view into it. A copy of a view frees nothing (the buffer
+    keeps the memory: as with ms-swift 4.0.0's fix, asserted as the limit it is), and 4.0.0's ``load_model``
+    would put a second copy of every partition on the device until the next optimizer step; the shim leaves
+    the views alone: the device holds the buffer once, before, inside and after ``offload_context``."""
+    assert train["views_in_buffer"] > 0 and train["buffer_bytes"] == partition_bytes, train
+    assert train["used_inside"] == train["used_before"], train  # the limit: nothing freed
+    assert train["used_after"] == train["used_before"], train   # and nothing held twice
+    assert train["views_after"] == train["views_in_buffer"] and train["values_kept"] is True, train
+

@@ -1,6 +1,6 @@
 """ms-swift 3.x ``--offload_model`` under ZeRO-3 around vLLM's construction (ms-swift#7801), on real code.
 
-    python tests/scenarios/swift_offload_run.py --model DIR --out DIR [--shim]
+    python tests/scenarios/swift_offload_run.py --model DIR --out DIR [--shim] [--train-engine]
 
 Run with an ms-swift 3.x venv's python (real ms-swift, transformers, deepspeed 0.19.8 CPU build,
 gloo, one rank), tests/fakevllm (a make_site dir) and the repository on PYTHONPATH
@@ -32,7 +32,8 @@ Hardware stand-in (faithful to CUDA + DeepSpeed, see ``tests/support/residency.p
 Observed (test side): at the entry of the engine build (inside ``offload_context``), the bytes of
 the trainer's partitions still on the device and the device's free memory; the build's outcome
 (vLLM's error); after the context, the partitions' bytes on the device and whether their values
-are the ones before (bit for bit).
+are the ones before (bit for bit). ``--train-engine``: then the offload around a rollout once the
+DeepSpeed engine exists (``trained_model_offload``).
 """
 import argparse
 import importlib
@@ -47,6 +48,8 @@ def parse():
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--shim", action="store_true")
+    p.add_argument("--train-engine", action="store_true",
+                   help="then build the DeepSpeed engine (ZeRO-3 optimizer) and run offload_context once more")
     return p.parse_args()
 
 
@@ -153,13 +156,16 @@ def main():
     except Exception as exc:  # vLLM's start-up check
         error = [type(exc).__name__, str(exc)]
 
+    device_total = DEVICE.total  # the GPU of the vLLM construction (the second phase enlarges it)
+    train = trained_model_offload(t, model, params, partition_bytes, residency, DEVICE) if a.train_engine else None
+
     from shim import patching
 
     owner = next(c for c in type(t).__mro__ if "offload_model" in vars(c))
     after = partitions()
     print(json.dumps({
         "swift": swift.__version__, "vllm": vllm.__version__, "error": error,
-        "partition_bytes": partition_bytes, "device_total": DEVICE.total,
+        "partition_bytes": partition_bytes, "device_total": device_total,
         "partition_bytes_on_device_at_build": seen.get("partition_bytes_on_device"),
         "free_before_build": seen.get("free_before_build"),
         "partition_bytes_on_device_after": residency.resident_bytes(after),
@@ -168,9 +174,40 @@ def main():
         "values_kept": all(torch.equal(x, y) for x, y in zip(before, after)),
         "engine_built": getattr(t, "engine", None) is not None,
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
+        "train": train,
         "offload_wrapped_by": getattr(vars(owner)["offload_model"], patching.MARKER, None),
         "load_wrapped_by": getattr(vars(owner)["load_model"], patching.MARKER, None),
     }))
+
+
+def trained_model_offload(t, model, params, partition_bytes, residency, DEVICE):
+    """The offload around a rollout once ``train()`` built the DeepSpeed engine: ZeRO-3's optimizer
+    (``deepspeed.initialize``, SGD) copies the partitions into one flat ``lp_param_buffer`` (on the
+    rank's GPU: adopted) and points every ``ds_tensor`` into it. Device bytes before, inside and after
+    ``offload_context`` (after ``empty_cache``, as vLLM's wake does before it maps memory)."""
+    import deepspeed
+
+    DEVICE.total += 2 * partition_bytes  # room for the buffer next to the partitions it replaces
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+              "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                      config=config)
+    buffer = engine.optimizer.lp_param_buffer
+    residency.adopt(buffer, label="lp_param_buffer")
+
+    def in_buffer():
+        return sum(p.ds_tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for p in params)
+
+    def used():
+        torch.cuda.empty_cache()
+        return DEVICE.used()
+
+    views, before, values = in_buffer(), used(), [p.ds_tensor.clone() for p in params]
+    with t.offload_context():
+        inside = used()
+    return {"views_in_buffer": views, "buffer_bytes": buffer.untyped_storage().nbytes(), "used_before": before,
+            "used_inside": inside, "used_after": used(), "views_after": in_buffer(),
+            "values_kept": all(torch.equal(p.ds_tensor, v) for p, v in zip(params, values))}
 
 
 if __name__ == "__main__":
