@@ -156,22 +156,22 @@ def main():
     except Exception as exc:  # vLLM's start-up check
         error = [type(exc).__name__, str(exc)]
 
+    after = partitions()  # before the second phase (its optimizer re-points every partition)
+    phase1 = {"partition_bytes_on_device_after": residency.resident_bytes(after),
+              "partitions_resident_after": sum(residency.is_resident(x) for x in after), "partitions": len(after),
+              "values_kept": all(torch.equal(x, y) for x, y in zip(before, after))}
     device_total = DEVICE.total  # the GPU of the vLLM construction (the second phase enlarges it)
     train = trained_model_offload(t, model, params, partition_bytes, residency, DEVICE) if a.train_engine else None
 
     from shim import patching
 
     owner = next(c for c in type(t).__mro__ if "offload_model" in vars(c))
-    after = partitions()
     print(json.dumps({
         "swift": swift.__version__, "vllm": vllm.__version__, "error": error,
         "partition_bytes": partition_bytes, "device_total": device_total,
         "partition_bytes_on_device_at_build": seen.get("partition_bytes_on_device"),
         "free_before_build": seen.get("free_before_build"),
-        "partition_bytes_on_device_after": residency.resident_bytes(after),
-        "partitions_resident_after": sum(residency.is_resident(x) for x in after),
-        "partitions": len(after),
-        "values_kept": all(torch.equal(x, y) for x, y in zip(before, after)),
+        **phase1,
         "engine_built": getattr(t, "engine", None) is not None,
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "train": train,
