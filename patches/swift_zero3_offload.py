@@ -173,7 +173,8 @@ PATCH = Patch(
     apply=_apply_to("RolloutTrainerMixin"),
     probe=probe,
     verified="CPU: real ms-swift 3.10.1 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in: vLLM's start-up "
-             "check fails without the shim (partitions still on the device), passes with it",
+             "check fails without the shim (partitions still on the device), passes with it; 3.12.3 stands down "
+             "by probe",
     **_COMMON,
 )
 

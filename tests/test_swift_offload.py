@@ -13,6 +13,8 @@ CUDA, with CUDA's semantics for ``Tensor.to``), sized so that they take half of 
 On 3.10.1 the run goes on to the offload around a rollout once the DeepSpeed engine (ZeRO-3 optimizer)
 exists (``check_trained_model``).
 
+3.12.3 carries upstream's fix (``test_upstream_fix_3_12_3``).
+
 One release per code shape: 3.10.1 (``RolloutTrainerMixin.offload_model``, 3.10.0-3.12.2) and 3.9.3
 (``GRPOTrainer``'s own copy, 3.5.1-3.9.x). The bug is shown on 3.10.1 only: the two releases'
 ``offload_model``/``load_model`` are the same source, byte for byte (read in the wheels).
@@ -77,4 +79,21 @@ def check_trained_model(train, partition_bytes):
     assert train["used_inside"] == train["used_before"], train  # the limit: nothing freed
     assert train["used_after"] == train["used_before"], train   # and nothing held twice
     assert train["views_after"] == train["views_in_buffer"] and train["values_kept"] is True, train
+
+
+def test_upstream_fix_3_12_3():
+    """3.12.3 (the 4.0.0 fix, same code): with only this patch active and its range widened past the fix,
+    the probe stands it down, nothing wrapped. Upstream's own fix passes the same observation as the shim's
+    (so the stand-in tells a real fix from the bug), and, once the DeepSpeed engine exists, its
+    ``load_model`` leaves a second copy of every partition on the device (the buffer's views re-pointed to
+    new device tensors): what ``check_trained_model`` asserts the shim avoids."""
+    r = run("3.12.3", "--wide-probe", "--train-engine")
+    assert r["decisions"] == {"swift-zero3-offload": "stand down: fixed upstream (RolloutTrainerMixin.offload_model "
+                                                     "moves ds_tensor)"}, r["decisions"]
+    assert r["offload_wrapped_by"] is None and r["load_wrapped_by"] is None
+    assert r["partition_bytes_on_device_at_build"] == 0 and r["error"] is None and r["engine_built"] is True, r
+    assert r["partitions_resident_after"] == r["partitions"] and r["values_kept"] is True, r
+    train = r["train"]
+    assert train["used_inside"] == train["used_before"], train
+    assert train["used_after"] == train["used_before"] + r["partition_bytes"] and train["views_after"] == 0, train
 

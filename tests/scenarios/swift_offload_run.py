@@ -1,6 +1,6 @@
 """ms-swift 3.x ``--offload_model`` under ZeRO-3 around vLLM's construction (ms-swift#7801), on real code.
 
-    python tests/scenarios/swift_offload_run.py --model DIR --out DIR [--shim] [--train-engine]
+    python tests/scenarios/swift_offload_run.py --model DIR --out DIR [--shim | --wide-probe] [--train-engine]
 
 Run with an ms-swift 3.x venv's python (real ms-swift, transformers, deepspeed 0.19.8 CPU build,
 gloo, one rank), tests/fakevllm (a make_site dir) and the repository on PYTHONPATH
@@ -48,6 +48,8 @@ def parse():
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--shim", action="store_true")
+    p.add_argument("--wide-probe", action="store_true",
+                   help="activate only swift-zero3-offload, its range widened to <3.13: the probe alone decides")
     p.add_argument("--train-engine", action="store_true",
                    help="then build the DeepSpeed engine (ZeRO-3 optimizer) and run offload_context once more")
     return p.parse_args()
@@ -67,6 +69,14 @@ def main():
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     if a.shim:
         import shim.auto  # noqa: F401
+    elif a.wide_probe:
+        from shim import patching
+        from shim.registry import patch_module
+
+        p = patch_module("swift_zero3_offload").PATCH
+        patching.activate([patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution,
+                                          affected=">=3.10.0,<3.13.0", module=p.module, apply=p.apply,
+                                          probe=p.probe)])
     import vllm
     from tests.support import residency
     from vllm._fake.device import DEVICE
