@@ -24,6 +24,8 @@ INDEX = (
     ("swift-expandable-segments-ray", "swift_expandable_segments", "swift.ray.megatron.rollout.ray_vllm_engine"),
     ("swift-gkd-teacher-zero3", "swift_gkd_teacher_zero3", "swift.llm.train.rlhf"),
     ("swift-gkd-teacher-zero3-4x", "swift_gkd_teacher_zero3", "swift.pipelines.train.rlhf"),
+    ("swift-zero3-offload", "swift_zero3_offload", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("swift-grpo-zero3-offload", "swift_zero3_offload", "swift.trainers.rlhf_trainer.grpo_trainer"),
     ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),

@@ -50,6 +50,8 @@ TARGETS = {
     "swift-expandable-segments-ray": ("swift-megatron", "4.6.0"),
     "swift-gkd-teacher-zero3": ("swift", "3.10.1"),
     "swift-gkd-teacher-zero3-4x": ("swift", "4.6.0"),
+    "swift-zero3-offload": ("swift", "3.10.1"),
+    "swift-grpo-zero3-offload": ("swift", "3.9.3"),
     "vllm-sleep-guard": ("vllm", "0.24.0"),
     "vllm-sleep-check": ("vllm", "0.24.0"),
     "vllm-llm-sleep-check": ("vllm", "0.24.0"),

@@ -1,0 +1,191 @@
+"""ms-swift 3.x ``--offload_model`` under ZeRO-3 frees nothing: DeepSpeed's partitions stay on the device.
+
+Upstream: modelscope/ms-swift#7801 (bug), fixed by PR #7802 in 4.0.0 and, with the same code, in 3.12.3
+Affects:  ms-swift >=3.5.1,<3.12.3 with --deepspeed zero3 and --offload_model true (or GKD's
+          --offload_teacher_model) (3.5.1-3.9.x: GRPOTrainer.offload_model/load_model;
+          3.10.0-3.12.2: RolloutTrainerMixin.offload_model/load_model, GRPO and GKD)
+Remove:   when the shim's minimum supported ms-swift is >=3.12.3
+
+``offload_model(model)`` moves every ``param.data`` to the CPU and ``load_model(model)``
+moves it back to ``get_current_device()``. Under ZeRO-3 a parameter's ``param.data`` is
+an empty tensor: the rank's share of the weights is the partition ``param.ds_tensor``,
+which stays on the device. So the offload around vLLM's construction (``offload_context``
+in ``_prepare_vllm``, 3.5.1-3.9.x ``GRPOTrainer.__init__``) and around every rollout frees
+~0 bytes of the model, and vLLM's start-up check (free memory >= ``gpu_memory_utilization``
+x total) fails, or the KV cache gets less than planned. 4.0.0 and 3.12.3 move
+``param.ds_tensor.data`` to the CPU for ZeRO-3 parameters (then ``torch.cuda.empty_cache()``)
+and back to ``get_current_device()`` in ``load_model``.
+
+The shim does the same after ms-swift's own loop (which still moves ``param.data``, as in
+every 3.x release): each ZeRO-3 partition to the CPU and the caching allocator emptied; at
+load, each partition it moved back to the device ms-swift's ``load_model`` uses (its module's
+``get_current_device``). Two differences from 4.0.0, both for partitions whose move would
+free nothing: a partition already on the host (ZeRO-3 ``offload_param``) stays where
+DeepSpeed keeps it (4.0.0 would load it onto the GPU), and a partition that is a view into
+the ZeRO-3 optimizer's flat ``lp_param_buffer`` (the trained model once ``train()`` built the
+DeepSpeed engine) is not copied: the buffer keeps the device memory, and the copy that
+4.0.0's ``load_model`` makes would hold the partitions a second time on the device until the
+next optimizer step re-points them into the buffer (read in deepspeed 0.19.8
+``stage3.py`` ``_create_fp16_partitions_with_defragmentation`` / ``_unflatten_partitioned_parameters``,
+and run on its CPU build). So what the offload frees is every ZeRO-3 model without an
+optimizer: the model at vLLM's construction (the issue's OOM), the reference model and the
+GKD teacher; the trained model's partitions during training stay (4.0.0 frees them neither).
+Models without ZeRO-3 parameters, and FSDP2 (3.12.x), are left to ms-swift unchanged. Both
+records stand down by probe where ``offload_model`` already moves ``ds_tensor``. 3.2.1-3.5.0
+have the same gap in another shape (``offload_model(self)`` moves modules with
+``module.to('cpu')``): not patched (out of range).
+"""
+from shim.patching import Patch
+
+_FIXED = "ds_tensor"
+
+
+def _model_arg(wrapped, args, kwargs):
+    import inspect
+
+    try:
+        return inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("model")
+    except TypeError:
+        return None
+
+
+def _partitioned(model):
+    """The ZeRO-3 parameters of ``model`` (DeepSpeed gives each a ``ds_tensor`` partition), or []."""
+    parameters = getattr(model, "parameters", None)
+    if parameters is None:
+        return []
+    return [p for p in parameters() if getattr(p, "ds_tensor", None) is not None]
+
+
+def _empty_cache():
+    import torch
+
+    torch.cuda.empty_cache()  # a no-op where CUDA is not initialised
+    npu = getattr(torch, "npu", None)  # torch_npu
+    if npu is not None and hasattr(npu, "empty_cache"):
+        npu.empty_cache()
+
+
+def _owns_storage(t) -> bool:
+    """False for a view into a larger buffer (DeepSpeed's ZeRO-3 optimizer flattens the partitions)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _make_wrappers(module):
+    def offload_model(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        params = [] if getattr(instance, "_is_fsdp2", False) else _partitioned(_model_arg(wrapped, args, kwargs))
+        moved = 0
+        if params:
+            import torch
+
+            with torch.no_grad():
+                for param in params:
+                    part = param.ds_tensor
+                    if not _owns_storage(part):  # the optimizer's flat buffer keeps the memory: a copy frees nothing
+                        continue
+                    host = part.data.to("cpu", non_blocking=True)
+                    if host.untyped_storage().data_ptr() == part.untyped_storage().data_ptr():
+                        continue  # already on the host (ZeRO-3 offload_param): DeepSpeed's placement, left alone
+                    part.data = host
+                    part._shim_offloaded = True  # on the partition object: load_model moves exactly these back
+                    moved += 1
+            if moved:
+                _empty_cache()
+        return result
+
+    def load_model(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        params = [] if getattr(instance, "_is_fsdp2", False) else _partitioned(_model_arg(wrapped, args, kwargs))
+        params = [p for p in params if getattr(p.ds_tensor, "_shim_offloaded", False)]
+        if params:
+            import torch
+
+            device = module.get_current_device()  # the device ms-swift's own load_model moves param.data to
+            with torch.no_grad():
+                for param in params:
+                    param.ds_tensor.data = param.ds_tensor.data.to(device, non_blocking=True)
+                    param.ds_tensor._shim_offloaded = False
+        return result
+
+    return offload_model, load_model
+
+
+def _probe_class(module, cls, name: str, own: bool):
+    import inspect
+
+    methods = {}
+    for method in ("offload_model", "load_model"):
+        func = vars(cls).get(method) if own else getattr(cls, method, None)
+        if func is None:
+            return f"upstream shape changed: {name}.{method} not found"
+        try:
+            methods[method] = (inspect.getsource(func), list(inspect.signature(func).parameters))
+        except (OSError, TypeError, ValueError) as exc:
+            return f"upstream shape changed: {name}.{method} not readable ({exc})"
+    if any(_FIXED in source for source, _ in methods.values()):
+        return f"fixed upstream ({name}.offload_model moves ds_tensor)"
+    for method, (source, params) in methods.items():
+        if params != ["self", "model"] or "param.data" not in source:
+            return f"upstream shape changed: {name}.{method}(self, model) does not move param.data"
+    if "get_current_device" not in methods["load_model"][0] or not callable(getattr(module, "get_current_device",
+                                                                                    None)):
+        return f"upstream shape changed: {name}.load_model does not use get_current_device"
+    return None
+
+
+def probe(module):
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    if cls is None:
+        return "upstream shape changed: RolloutTrainerMixin not found"
+    return _probe_class(module, cls, "RolloutTrainerMixin", own=False)
+
+
+def probe_grpo(module):
+    cls = getattr(module, "GRPOTrainer", None)
+    if cls is None:
+        return "upstream shape changed: GRPOTrainer not found"
+    return _probe_class(module, cls, "GRPOTrainer", own=True)
+
+
+def _apply_to(cls_name):
+    def apply(module, patcher):
+        cls = getattr(module, cls_name)
+        offload_model, load_model = _make_wrappers(module)
+        patcher.wrap(cls, "offload_model", offload_model)
+        patcher.wrap(cls, "load_model", load_model)
+
+    return apply
+
+
+_COMMON = dict(
+    issue="modelscope/ms-swift#7801",
+    distribution="ms-swift",
+    summary="offload_model/load_model also move each ZeRO-3 partition (param.ds_tensor) to the CPU and back "
+            "(as ms-swift 4.0.0 / 3.12.3 do), so --offload_model frees the model before vLLM starts",
+)
+
+PATCH = Patch(
+    id="swift-zero3-offload",
+    affected=">=3.10.0,<3.12.3",
+    fixed_in="3.12.3",
+    module="swift.trainers.rlhf_trainer.rollout_mixin",
+    apply=_apply_to("RolloutTrainerMixin"),
+    probe=probe,
+    verified="CPU: real ms-swift 3.10.1 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in: vLLM's start-up "
+             "check fails without the shim (partitions still on the device), passes with it; 3.12.3 stands down "
+             "by probe",
+    **_COMMON,
+)
+
+PATCH_GRPO = Patch(
+    id="swift-grpo-zero3-offload",
+    affected=">=3.5.1,<3.10.0",
+    module="swift.trainers.rlhf_trainer.grpo_trainer",
+    apply=_apply_to("GRPOTrainer"),
+    probe=probe_grpo,
+    verified="CPU: real ms-swift 3.9.3 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in",
+    **_COMMON,
+)
+
+PATCHES = [PATCH, PATCH_GRPO]
