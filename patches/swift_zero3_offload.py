@@ -35,80 +35,10 @@ records stand down by probe where ``offload_model`` already moves ``ds_tensor``.
 have the same gap in another shape (``offload_model(self)`` moves modules with
 ``module.to('cpu')``): not patched (out of range).
 """
+from shim import zero3_offload
 from shim.patching import Patch
 
 _FIXED = "ds_tensor"
-
-
-def _model_arg(wrapped, args, kwargs):
-    import inspect
-
-    try:
-        return inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("model")
-    except TypeError:
-        return None
-
-
-def _partitioned(model):
-    """The ZeRO-3 parameters of ``model`` (DeepSpeed gives each a ``ds_tensor`` partition), or []."""
-    parameters = getattr(model, "parameters", None)
-    if parameters is None:
-        return []
-    return [p for p in parameters() if getattr(p, "ds_tensor", None) is not None]
-
-
-def _empty_cache():
-    import torch
-
-    torch.cuda.empty_cache()  # a no-op where CUDA is not initialised
-    npu = getattr(torch, "npu", None)  # torch_npu
-    if npu is not None and hasattr(npu, "empty_cache"):
-        npu.empty_cache()
-
-
-def _owns_storage(t) -> bool:
-    """False for a view into a larger buffer (DeepSpeed's ZeRO-3 optimizer flattens the partitions)."""
-    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-
-
-def _make_wrappers(module):
-    def offload_model(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        params = [] if getattr(instance, "_is_fsdp2", False) else _partitioned(_model_arg(wrapped, args, kwargs))
-        moved = 0
-        if params:
-            import torch
-
-            with torch.no_grad():
-                for param in params:
-                    part = param.ds_tensor
-                    if not _owns_storage(part):  # the optimizer's flat buffer keeps the memory: a copy frees nothing
-                        continue
-                    host = part.data.to("cpu", non_blocking=True)
-                    if host.untyped_storage().data_ptr() == part.untyped_storage().data_ptr():
-                        continue  # already on the host (ZeRO-3 offload_param): DeepSpeed's placement, left alone
-                    part.data = host
-                    part._shim_offloaded = True  # on the partition object: load_model moves exactly these back
-                    moved += 1
-            if moved:
-                _empty_cache()
-        return result
-
-    def load_model(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        params = [] if getattr(instance, "_is_fsdp2", False) else _partitioned(_model_arg(wrapped, args, kwargs))
-        params = [p for p in params if getattr(p.ds_tensor, "_shim_offloaded", False)]
-        if params:
-            import torch
-
-            device = module.get_current_device()  # the device ms-swift's own load_model moves param.data to
-            with torch.no_grad():
-                for param in params:
-                    param.ds_tensor.data = param.ds_tensor.data.to(device, non_blocking=True)
-                    param.ds_tensor._shim_offloaded = False
-        return result
-
-    return offload_model, load_model
 
 
 def _probe_class(module, cls, name: str, own: bool):
@@ -151,7 +81,7 @@ def probe_grpo(module):
 def _apply_to(cls_name):
     def apply(module, patcher):
         cls = getattr(module, cls_name)
-        offload_model, load_model = _make_wrappers(module)
+        offload_model, load_model = zero3_offload.wrappers(lambda: module.get_current_device())  # looked up per call
         patcher.wrap(cls, "offload_model", offload_model)
         patcher.wrap(cls, "load_model", load_model)
 
