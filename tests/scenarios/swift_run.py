@@ -199,9 +199,11 @@ def main():
             if pending:
                 engine, trainer = effective_weights(runner.model), merged_trainer_weights()
                 assert engine.keys() == trainer.keys(), sorted(engine.keys() ^ trainer.keys())
-                diff = max(float((engine[k] - trainer[k]).abs().max()) for k in engine)
+                diffs = {k: float((engine[k] - trainer[k]).abs().max()) for k in engine}
+                diff = max(diffs.values())
+                worst = sorted(diffs, key=diffs.get)[-3:]
                 generates.append({"step": pending.pop(), "origin": runner.weights_origin, "max_diff": diff,
-                                  "mismatch": not diff < 1e-6, "slot": runner.model.lora_manager.punica_wrapper.index,
+                                  "mismatch": not diff < 1e-6, "worst": {k: diffs[k] for k in worst}, "slot": runner.model.lora_manager.punica_wrapper.index,
                                   "loras": sorted(runner.list_loras())})
             return original_one(*args_, **kwargs)
 

@@ -58,6 +58,10 @@ class LoRAModel:
                           embedding_modules: Optional[dict] = None,
                           embedding_padding_modules: Optional[list] = None, weights_mapper=None) -> "LoRAModel":
         loras: dict = {}
+        # vLLM: the trainer's tensors are on the GPU, ``.to("cpu")`` copies them (and pins the copy); here they are
+        # CPU tensors already and ``.to`` would return them as they are -- ``optimize()`` would then scale the
+        # trainer's own lora_B in place. Copied as on the GPU.
+        tensors = {name: t.detach().clone() for name, t in tensors.items()}
         for tensor_name, tensor in tensors.items():
             module_name, is_lora_a, is_bias = parse_fine_tuned_lora_name(tensor_name, weights_mapper)
             if module_name not in loras:
