@@ -203,7 +203,8 @@ def main():
                 diff = max(diffs.values())
                 worst = sorted(diffs, key=diffs.get)[-3:]
                 generates.append({"step": pending.pop(), "origin": runner.weights_origin, "max_diff": diff,
-                                  "mismatch": not diff < 1e-6, "worst": {k: diffs[k] for k in worst}, "slot": runner.model.lora_manager.punica_wrapper.index,
+                                  "mismatch": not diff < 1e-6, "worst": {k: diffs[k] for k in worst},
+                                  "slot": runner.model.lora_manager.punica_wrapper.index,  # -1: no adapter
                                   "loras": sorted(runner.list_loras())})
             return original_one(*args_, **kwargs)
 

@@ -2,10 +2,16 @@
 (``omit_defaults=True, array_like=True``) so that ms-swift's ``TensorLoRARequest``
 (``swift/trainers/rlhf_trainer/utils.py``) can subclass it with ``msgspec.field``
 fields; ``__post_init__`` asserts a non-empty ``lora_path``; equality and hash by
-``lora_name``. Where msgspec is not installed (vLLM depends on it; the TRL test
+``lora_name``. From 0.15.0 ``load_inplace`` (vLLM 0.24.0 request.py: reload an adapter
+whose ``lora_int_id`` is already registered, ``LRUCacheWorkerLoRAManager.add_adapter``).
+Where msgspec is not installed (vLLM depends on it; the TRL test
 environment does not have it) the fields are kept as a plain dataclass.
 """
 from typing import Optional
+
+from vllm import _fake
+
+_LOAD_INPLACE = _fake.V >= _fake.Version("0.15.0")
 
 try:
     import msgspec
@@ -36,6 +42,8 @@ if msgspec is not None:
         long_lora_max_len: Optional[int] = None
         base_model_name: Optional[str] = msgspec.field(default=None)
         tensorizer_config_dict: Optional[dict] = None
+        if _LOAD_INPLACE:
+            load_inplace: bool = False
 
         def __post_init__(self):
             if self.lora_local_path and not self.lora_path:

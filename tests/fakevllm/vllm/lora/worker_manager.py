@@ -131,8 +131,10 @@ class LRUCacheWorkerLoRAManager(WorkerLoRAManager):
             self.add_adapter(lora)
 
     def add_adapter(self, lora_request: LoRARequest) -> bool:
-        if lora_request.lora_int_id not in self.list_adapters():
+        # load_inplace (0.15+): reload an id already registered (the registered one removed first)
+        if lora_request.lora_int_id not in self.list_adapters() or getattr(lora_request, "load_inplace", False):
             lora = self._load_adapter(lora_request)
+            self._adapter_manager.remove_adapter(lora.id)
             if len(self._adapter_manager) + 1 > self._adapter_manager.capacity:
                 self._adapter_manager.remove_oldest_adapter()
             loaded = self._adapter_manager.add_adapter(lora)
