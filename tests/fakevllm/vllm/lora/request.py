@@ -32,6 +32,12 @@ class _Props:
     def path(self):
         return self.lora_path
 
+    def __eq__(self, value: object) -> bool:  # by lora_name (identifies an adapter across engines)
+        return isinstance(value, self.__class__) and self.lora_name == value.lora_name
+
+    def __hash__(self) -> int:
+        return hash(self.lora_name)
+
 
 if msgspec is not None:
     class LoRARequest(_Props, msgspec.Struct, omit_defaults=True, array_like=True):
@@ -50,15 +56,11 @@ if msgspec is not None:
                 self.lora_path = self.lora_local_path or ""
             assert self.lora_path, "lora_path cannot be empty"
 
-        def __eq__(self, value: object) -> bool:
-            return isinstance(value, self.__class__) and self.lora_name == value.lora_name
-
-        def __hash__(self) -> int:
-            return hash(self.lora_name)
+        __eq__, __hash__ = _Props.__eq__, _Props.__hash__  # msgspec.Struct defines its own otherwise
 else:
     from dataclasses import dataclass
 
-    @dataclass
+    @dataclass(eq=False)
     class LoRARequest(_Props):
         lora_name: str
         lora_int_id: int
