@@ -14,8 +14,13 @@ micro-batch, GRPO dynamic sampling, evaluation) and every LoRA rollout generate
 from undefined memory. Colocate ``sleep_level`` first appears in 3.2.1 (3.2.0 has
 none), inside ``GRPOTrainer._fast_infer``; 3.10.0 moved it to the rollout mixin.
 The shim does what 3.11.1/3.12 do: after a level-2 sleep, the next ``_fast_infer``
-pushes the full weights. Both records stand down by probe where ``_fast_infer``
-already pushes after ``sleep_level == 2``.
+pushes the full weights. With LoRA applied by vLLM (``--train_type lora
+--vllm_enable_lora true``) that full push writes the base weights only, unmerged, and
+the level-2 sleep discarded the adapter's GPU slots with them: the shim then pushes the
+adapter too (``_move_adapter_to_vllm``), as 4.x's ``_move_full_model_to_vllm`` does
+(3.11.1's cherry-pick pushes only the base there, and every later sync is a full one:
+its rollouts never see the trained adapter). Both records stand down by probe where
+``_fast_infer`` already pushes after ``sleep_level == 2``.
 """
 from shim.patching import Patch
 
@@ -32,6 +37,18 @@ def _fast_infer(wrapped, instance, args, kwargs):
         if hasattr(instance, "base_sync_done"):  # 3.10+: with vllm_enable_lora the base was discarded too
             instance.base_sync_done = False
     return wrapped(*args, **kwargs)
+
+
+def _move_full_model_to_vllm(wrapped, instance, args, kwargs):
+    """3.10+: the full push wrote the base weights only (vLLM applies the adapter, ``should_merge_adapter``
+    False); after a level-2 sleep the adapter vLLM holds is gone too: push the trainer's adapter."""
+    result = wrapped(*args, **kwargs)
+    train_args = getattr(instance, "args", None)
+    if (getattr(instance, "vllm_mode", "colocate") == "colocate" and getattr(train_args, "sleep_level", 0) == 2
+            and getattr(train_args, "train_type", None) == "lora" and getattr(instance, "rollout_enable_lora", False)
+            and not instance.should_merge_adapter):
+        instance._move_adapter_to_vllm()
+    return result
 
 
 def _probe_class(cls, name: str, own: bool):
@@ -52,6 +69,8 @@ def probe(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
         return "upstream shape changed: RolloutTrainerMixin not found"
+    if not all(hasattr(cls, m) for m in ("_move_full_model_to_vllm", "_move_adapter_to_vllm")):
+        return "upstream shape changed: RolloutTrainerMixin._move_full_model_to_vllm/_move_adapter_to_vllm not found"
     return _probe_class(cls, "RolloutTrainerMixin", own=False)
 
 
@@ -64,6 +83,7 @@ def probe_grpo(module):
 
 def apply(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
+    patcher.wrap(module.RolloutTrainerMixin, "_move_full_model_to_vllm", _move_full_model_to_vllm)
 
 
 def apply_grpo(module, patcher):
@@ -79,8 +99,10 @@ PATCH = Patch(
     module="swift.trainers.rlhf_trainer.rollout_mixin",
     apply=apply,
     probe=probe,
-    summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does)",
-    verified="CPU: real ms-swift 3.10.0/3.10.1 RolloutTrainerMixin on the vLLM stand-in; 3.11.1 stands down",
+    summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does), "
+            "with vLLM LoRA the adapter too (as 4.x does)",
+    verified="CPU: real ms-swift 3.10.0/3.10.1 RolloutTrainerMixin on the vLLM stand-in (3.10.1 also with "
+             "--train_type lora --vllm_enable_lora true); 3.11.1 stands down",
 )
 
 PATCH_GRPO = Patch(

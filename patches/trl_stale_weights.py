@@ -8,7 +8,7 @@ Remove:   when the shim's minimum supported trl is >=1.10.0
 ``collective_rpc("reload_weights")`` after the trainer's ``sync_weights``
 pushed the trained weights, so every rollout samples from the checkpoint on
 disk. Bound through ``shim.trl_binding``: the colocated ``llm`` sits behind
-``shim.guarded_llm``, so the reload never reads the disk, the trainer's
+``shim.synced_llm``, so the reload never reads the disk, the trainer's
 weights are pushed before a generate whenever the engine's weights are asleep
 or were discarded by the level-2 sleep (the semantics of the upstream
 ``_llm_weights_sleeping`` flag), ``sync_weights`` wakes the weights before

@@ -70,10 +70,10 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
     site = f"{class_name}.{method}"
 
     def wrapper(wrapped, instance, args, kwargs):
-        from shim import guarded_llm, verify
+        from shim import synced_llm, verify
 
         llm = getattr(instance, llm_attr, None)
-        if llm is None or not predicate(instance) or guarded_llm.owned_by_swift(instance):
+        if llm is None or not predicate(instance) or synced_llm.owned_by_swift(instance):
             return wrapped(*args, **kwargs)
         with verify.armed(llm, getattr(instance, "model", None), site):
             return wrapped(*args, **kwargs)

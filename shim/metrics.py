@@ -9,7 +9,7 @@ At every logging step, before the trainer records its logs:
   sleeps since the previous logging step; absent when there were none), and
   every counter of ``shim.telemetry.count`` once it is non-zero
   (``shim/weight_pushes``: trained weights written into the engine through the
-  shim's guarded push paths; ``shim/rollouts_verified`` / ``shim/rollouts_stale``
+  shim's push paths of ``shim.synced_llm``; ``shim/rollouts_verified`` / ``shim/rollouts_stale``
   from weight verification; ...). Counts are per process (rank): the console,
   wandb and tensorboard show rank 0's, as for every other metric;
 - the stale-rollout alarm reads the trainer's own measure of how far vLLM's

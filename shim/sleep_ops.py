@@ -1,5 +1,5 @@
 """What a vLLM engine says about its sleep, and per-tag wake; shared by the sleep check
-(``shim.sleep_check``) and the TRL proxy (``shim.guarded_llm``).
+(``shim.sleep_check``) and the TRL proxy (``shim.synced_llm``).
 
 vLLM's executor (``vllm/v1/executor/abstract.py``) ignores the WHOLE
 ``wake_up(tags)`` call, with a warning, when any requested tag is not asleep:

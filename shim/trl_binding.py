@@ -1,15 +1,15 @@
-"""Binds ``shim.guarded_llm`` to a TRL class that keeps a colocated ``llm``.
+"""Binds ``shim.synced_llm`` to a TRL class that keeps a colocated ``llm``.
 
 TRL 0.25-0.27 GRPO/RLOO, the experimental OnlineDPO (0.28+) and
 ``VLLMGeneration`` (0.28+) share one shape:
 a push method (``_move_model_to_vllm``) that writes the trainer's weights into
 ``self.llm``, and a generate method that wakes the engine, pushes only when
 ``global_step`` changed, generates, and sleeps at level 2. The binding wraps
-both: the generate method installs the guard on ``self.llm`` (push = the
+both: the generate method attaches the synced proxy to ``self.llm`` (push = the
 trainer's own push method), the push method wakes the weights before writing
 and records the push. ms-swift's subclasses are never touched.
 
-Module import cost: nothing but this file; the guard is imported when a
+Module import cost: nothing but this file; ``shim.synced_llm`` is imported when a
 wrapper first runs.
 """
 from __future__ import annotations
@@ -47,35 +47,35 @@ def gold_colocate_sleep(trainer) -> bool:
 
 
 class _Site:
-    """Where one class keeps its engine and how it pushes: guards ``obj.<llm_attr>``."""
+    """Where one class keeps its engine and how it pushes: ``obj.<llm_attr>`` becomes a ``SyncedLLM``."""
 
     def __init__(self, push_name, predicate, llm_attr):
         self.push_name, self.predicate, self.llm_attr = push_name, predicate, llm_attr
 
-    def guarded(self, obj):
-        """The guarded engine of ``obj``, installed on first use; None where the patch does not act."""
-        from shim import guarded_llm
+    def synced(self, obj):
+        """The synced engine of ``obj``, attached on first use; None where the patch does not act."""
+        from shim import synced_llm
 
         llm = getattr(obj, self.llm_attr, None)
-        if llm is None or not self.predicate(obj) or guarded_llm.owned_by_swift(obj):
+        if llm is None or not self.predicate(obj) or synced_llm.owned_by_swift(obj):
             return None
-        llm = guarded_llm.guard(llm, push=getattr(obj, self.push_name))
+        llm = synced_llm.attach(llm, push=getattr(obj, self.push_name))
         setattr(obj, self.llm_attr, llm)
         return llm
 
     def push(self, wrapped, instance, args, kwargs):
-        llm = self.guarded(instance)
+        llm = self.synced(instance)
         if llm is None:
             return wrapped(*args, **kwargs)
-        from shim import guarded_llm
+        from shim import synced_llm
 
         llm.wake_up(tags=["weights"])  # never write into unmapped memory
         result = wrapped(*args, **kwargs)
-        guarded_llm.after_push(llm)
+        synced_llm.after_push(llm)
         return result
 
     def generate(self, wrapped, instance, args, kwargs):
-        self.guarded(instance)
+        self.synced(instance)
         return wrapped(*args, **kwargs)
 
 

@@ -17,7 +17,7 @@ How it is wired (explicit per-engine objects, no thread-locals):
   equal (a :class:`Target`, kept per engine like ``shim.sleep_state``).
 - A vLLM-side wrapper (``vllm.LLM.generate`` / ``chat``) calls :func:`before_generate`:
   when its engine is armed, it verifies. It runs INSIDE every other wrapper the
-  trainer or the shim put around the engine (``shim.guarded_llm`` pushes first), so it
+  trainer or the shim put around the engine (``shim.synced_llm`` pushes first), so it
   sees exactly the weights vLLM is about to sample from.
 
 The engine is read through vLLM's worker API: in-process executors

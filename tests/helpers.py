@@ -16,6 +16,19 @@ _SHIM_VARS = ("SHIM_DISABLED", "SHIM_DISABLED_PATCHES", "SHIM_STRICT", "SHIM_DEB
               "SHIM_VERIFY_WEIGHTS")
 
 
+def stand_in_site_dir(name: str) -> Path:
+    """``.envs/<name>``, a site dir of links into THIS checkout's ``tests/fakevllm``. Where ``.envs`` is
+    shared with another checkout (a git worktree's ``.envs`` linked to the main one's) and the site there
+    links into that checkout, this checkout's own: ``.envs/<name>-<hash of this checkout's path>``."""
+    import hashlib
+
+    target = REPO / ".envs" / name
+    vllm = target / "vllm"
+    if os.path.lexists(vllm) and os.path.realpath(vllm) != os.path.realpath(REPO / "tests" / "fakevllm" / "vllm"):
+        target = target.with_name(f"{name}-{hashlib.sha1(str(REPO).encode()).hexdigest()[:8]}")
+    return target
+
+
 def clean_env(**extra: str) -> dict:
     """The current environment without any SHIM_* switch, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()

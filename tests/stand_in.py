@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import textwrap
 
-from tests.helpers import REPO, clean_env, last_json, run_python
+from tests.helpers import REPO, clean_env, last_json, run_python, stand_in_site_dir
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 
@@ -43,7 +43,7 @@ def gen(llm, ids=(3, 10, 11, 12)):
 @functools.lru_cache(maxsize=None)
 def site(version: str = "0.24.0", device: str = "cuda", ascend: str = "") -> str:
     """Site dir imitating vLLM ``version`` on ``device`` (NPU: vllm-ascend ``ascend`` metadata)."""
-    target = REPO / ".envs" / f"fakevllm-{version}-{device}{'-' + ascend if ascend else ''}"
+    target = stand_in_site_dir(f"fakevllm-{version}-{device}{'-' + ascend if ascend else ''}")
     if not target.exists():
         spec = importlib.util.spec_from_file_location("fakevllm_make_site", FAKEVLLM / "make_site.py")
         make_site = importlib.util.module_from_spec(spec)

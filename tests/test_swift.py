@@ -37,6 +37,22 @@ def test_level2_rollouts_use_trained_weights(version):
     assert on["fast_infer_wrapped_by"] == (patch_id if expected == "applied" else None)
 
 
+def test_level2_lora_rollouts_use_trained_weights():
+    """3.10.1 ``--train_type lora --vllm_enable_lora true --sleep_level 2``: vLLM applies the adapter (LoRA layers,
+    ``add_lora`` through ms-swift's ``patch_vllm_load_adapter``) and, once the base was synced
+    (``base_sync_done``), ms-swift pushes only the adapter. A level-2 sleep discards the base weights and the
+    adapter's GPU slots: without the shim the step-1 rollouts run the new adapter on discarded base weights
+    (asserted). With the shim the base is pushed again and the adapter after it: every generate computes with the
+    trainer's merged weights (base + scaling x B @ A, within 1e-6), the trained adapter applied from step 1."""
+    off = run_swift("3.10.1", "--level", "2", "--lora")
+    assert off["garbage"] > 0 and off["mismatches"] > 0, off["generates"]
+    assert any(g["origin"] == "garbage" and g["loras"] for g in off["generates"] if g["step"] == 1), off["generates"]
+    on = run_swift("3.10.1", "--level", "2", "--lora", "--shim")
+    assert on["decisions"]["swift-level2-resync"] == "applied"
+    assert len(on["generates"]) == 4 and on["mismatches"] == 0, on["generates"]
+    assert all(g["slot"] >= 0 for g in on["generates"] if g["step"] == 1), on["generates"]  # the adapter applied
+
+
 PROBE_CHILD = r"""
 import json
 from shim import patching

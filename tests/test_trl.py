@@ -148,7 +148,7 @@ def test_openenv_rollout_helper_without_shim(version, tmp_path):
     ``collective_rpc("reload_weights")``: right after the trainer's push that reloads the initial checkpoint from
     disk (0.27.2); on the second rollout of a step, where GRPO skips its sync, the weights are still asleep from the
     helper's own ``sleep(level=2)``, so the reload writes into unmapped memory and the generate faults (1.0.0, whose
-    sync wakes the weights only when it runs). With the shim the guarded engine never reloads from disk and pushes
+    sync wakes the weights only when it runs). With the shim the synced engine never reloads from disk and pushes
     the trained weights whenever they are asleep: the trained weights at every generate."""
     args = ("--trainer", "grpo", "--rollout", "openenv")
     if version == "0.27.2":

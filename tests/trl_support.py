@@ -8,7 +8,7 @@ import shutil
 import tempfile
 
 from tests.envs import trl_path
-from tests.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
+from tests.helpers import REPO, clean_env, last_json, rendezvous_port, run_python, stand_in_site_dir
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 SCENARIO = REPO / "tests" / "scenarios" / "trl_run.py"
@@ -19,7 +19,7 @@ def fake_site(vllm_version: str, device: str = "cuda") -> str:
     """Site dir of the stand-in imitating ``vllm_version`` on ``device`` (the checked-in one: 0.24.0)."""
     if vllm_version == "0.24.0":
         return str(FAKEVLLM)
-    target = REPO / ".envs" / f"fakevllm-{vllm_version}-{device}"
+    target = stand_in_site_dir(f"fakevllm-{vllm_version}-{device}")
     if not target.exists():
         spec = importlib.util.spec_from_file_location("fakevllm_make_site", FAKEVLLM / "make_site.py")
         make_site = importlib.util.module_from_spec(spec)

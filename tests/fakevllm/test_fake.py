@@ -324,3 +324,47 @@ def test_events_jsonl(model_dir, tmp_path):
     kinds = [r["event"] for r in recs]
     assert kinds.count("generate") == 2 and "sleep" in kinds and "wake_up" in kinds
     assert all("weights_fp" in r for r in recs if r["event"] == "generate")
+
+
+def test_lora_slots_follow_the_weights_tag(model_dir, tmp_path):
+    """vLLM 0.10.2 LoRA: linear layers become LoRA layers (``base_layer`` names), ``add_lora`` loads an adapter
+    from ``lora_path`` into a GPU slot, the request's adapter is applied at generate; the slots are memory of the
+    weights tag: kept by a level-1 sleep, discarded by a level-2 sleep while the adapter stays registered."""
+    r = run(model_dir, f"""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+        from vllm._fake.lora import effective_weights
+        llm = new_llm(enable_lora=True, max_lora_rank=8)
+        m = model(llm)
+        runner = llm.llm_engine.model_executor.driver_worker.model_runner
+        RESULT["base_layer"] = any(n.endswith("q_proj.base_layer.weight") for n, _ in m.named_parameters())
+        g = torch.Generator().manual_seed(1)
+        adapter, expected = {{}}, {{}}
+        for name, mod in m.named_modules():
+            if hasattr(mod, "base_layer"):
+                a = torch.randn(8, mod.input_size, generator=g) * 0.1
+                b = torch.randn(mod.output_size, 8, generator=g) * 0.1
+                adapter[f"base_model.model.{{name}}.lora_A.weight"] = a
+                adapter[f"base_model.model.{{name}}.lora_B.weight"] = b
+                expected[name + ".weight"] = mod.base_layer.weight.double() + 2.0 * b.double() @ a.double()
+        d = {str(tmp_path / "adapter")!r}
+        os.makedirs(d)
+        save_file(adapter, os.path.join(d, "adapter_model.safetensors"))
+        json.dump({{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}}, open(os.path.join(d, "adapter_config.json"), "w"))
+        lr = LoRARequest("a", 7, d)
+        RESULT["added"] = llm.llm_engine.add_lora(lr)
+        RESULT["listed"] = sorted(llm.llm_engine.list_loras())
+        def applied():
+            runner.set_active_lora_for_request(lr)
+            eff = effective_weights(m)
+            return max(float((eff[k] - v).abs().max()) for k, v in expected.items())
+        RESULT["diff"] = applied()
+        RESULT["differs"] = toks(llm) != llm.generate(PROMPT, SP, use_tqdm=False, lora_request=lr)[0].outputs[0].token_ids
+        llm.sleep(level=1); llm.wake_up()
+        RESULT["diff_l1"] = applied()
+        llm.sleep(level=2); llm.wake_up()
+        RESULT["diff_l2"] = applied()
+        RESULT["listed_l2"] = sorted(llm.llm_engine.list_loras())
+    """)
+    assert r["base_layer"] and r["added"] and r["listed"] == [7] and r["listed_l2"] == [7]
+    assert r["diff"] < 1e-6 and r["diff_l1"] < 1e-6 and r["diff_l2"] > 0.1 and r["differs"], r

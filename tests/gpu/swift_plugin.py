@@ -361,56 +361,31 @@ def install(path: str) -> Observer:
 def _cpu_standin():
     """CPU dry run only (tests/fakevllm is vLLM): hardware-facing names ms-swift needs."""
     import importlib
-    import types
 
     import torch
 
-    # ms-swift's patch_vllm_load_adapter (LoRA with --vllm_enable_lora) imports vLLM's worker-side LoRA
-    # manager to patch its _load_adapter; the stand-in keeps LoRA requests (LLMEngine.add_lora) but has no
-    # worker LoRA manager. Empty placeholders let the dry run reach the push (add_lora) and the rollouts;
-    # nothing here applies an adapter (on the stand-in the rollouts use the base weights).
-    for mod, names in (("vllm.lora.worker_manager", ("LRUCacheWorkerLoRAManager",)),
-                       ("vllm.lora.lora_model", ("LoRAModel",)), ("vllm.lora.models", ("LoRAModel",)),
-                       ("vllm.lora.utils", ()), ("vllm.lora.peft_helper", ("PEFTHelper",))):
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            m = types.ModuleType(mod)
-            m.__doc__ = "swift_plugin CPU dry-run placeholder (not vLLM)"
-            for n in names:
-                setattr(m, n, type(n, (), {"_load_adapter": lambda self, req: None}))
-            m.get_adapter_absolute_path = lambda path: path
-            sys.modules[mod] = m
-
+    # LoRA (--vllm_enable_lora): the stand-in has vLLM's worker-side LoRA manager that ms-swift's
+    # patch_vllm_load_adapter patches (vLLM 0.10.2's API), LoRA layers (``<module>.base_layer.weight``) and
+    # applies the adapter at generate: nothing to stand in here.
     # deepspeed's CPU accelerator JIT-compiles a shared-memory all-reduce op with g++ (60-90 s) that only
     # speeds up CPU collectives (as tests/test_swift_gkd.py does).
     try:
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     except ImportError:
         pass
-    # vLLM wraps LoRA target layers (``BaseLayerWithLoRA``) and loads ``<module>.base_layer.weight`` into
-    # the wrapped layer; the stand-in has no LoRA layers, so those names are given to it unwrapped.
-    from swift.rlhf_trainers import rollout_mixin
-
-    mixin = rollout_mixin.RolloutTrainerMixin
-    orig_load = mixin._load_state_dict_to_vllm
-
-    def _load_state_dict_to_vllm(self, state_dict):
-        return orig_load(self, {k.replace(".base_layer.", "."): v for k, v in state_dict.items()})
-
-    mixin._load_state_dict_to_vllm = _load_state_dict_to_vllm
     # vLLM's LoRARequest is a msgspec.Struct, so the fields ms-swift's TensorLoRARequest subclass annotates
-    # (peft_config, lora_tensors) become constructor fields; the stand-in's is a dataclass, whose plain
-    # subclasses gain no fields: make ms-swift's subclass a dataclass too.
+    # (peft_config, lora_tensors) become constructor fields; so is the stand-in's where msgspec is installed.
+    # Without msgspec the stand-in's is a dataclass, whose plain subclasses gain no fields: make ms-swift's
+    # subclass a dataclass too.
     import dataclasses
 
+    from swift.rlhf_trainers import rollout_mixin
     from swift.rlhf_trainers import utils as swift_utils
 
     cls = getattr(swift_utils, "TensorLoRARequest", None)
-    if cls is not None and "peft_config" not in {f.name for f in dataclasses.fields(cls)}:
+    if (cls is not None and dataclasses.is_dataclass(cls)
+            and "peft_config" not in {f.name for f in dataclasses.fields(cls)}):
         cls = dataclasses.dataclass(cls)
-        if "load_inplace" not in {f.name for f in dataclasses.fields(cls)}:  # vLLM 0.24's LoRARequest has it
-            cls = dataclasses.make_dataclass(cls.__name__, [("load_inplace", bool, False)], bases=(cls,))
         swift_utils.TensorLoRARequest = rollout_mixin.TensorLoRARequest = cls
     for name in ("swift.rlhf_trainers.utils", "swift.utils.torch_utils", "swift.utils"):
         try:

@@ -1,6 +1,6 @@
 """ms-swift's real colocate rollout code on the vLLM stand-in; prints a JSON summary as its last line.
 
-    python tests/scenarios/swift_run.py --model DIR [--shim] [--level 1|2] [--cycles 2] [--steps 2]
+    python tests/scenarios/swift_run.py --model DIR [--shim] [--level 1|2] [--cycles 2] [--steps 2] [--lora]
 
 Run with an ms-swift venv's python and tests/fakevllm (or a make_site dir) plus
 the repository on PYTHONPATH (``tests.swift_support.run_swift``). Drives the
@@ -15,6 +15,15 @@ template and arguments are ms-swift's own (``get_model_tokenizer``,
 Observation (test-side, on the stand-in): at every real generate the engine's
 weights are compared with the trainer model's parameters; each sleep's freed
 bytes are read from the fake device's ``mem_get_info``.
+
+``--lora`` (3.10.x): ``--train_type lora --vllm_enable_lora true`` -- the trainer model
+is ms-swift's own LoRA model (``Swift.prepare_model``, rank 8 on every linear layer of
+the decoder), the engine is built with ``enable_lora`` (vLLM LoRA layers, adapters
+pushed with ``add_lora`` through ms-swift's ``patch_vllm_load_adapter``), an optimizer
+step changes only the adapter, and each generate compares the weights the engine's
+forward computes with (base + the slot of the request's adapter,
+``vllm._fake.lora.effective_weights``) with the trainer's merged weights
+(base + scaling x B @ A), within 1e-6.
 
 Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
 CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
@@ -37,6 +46,7 @@ def parse():
     p.add_argument("--level", type=int, default=2)
     p.add_argument("--cycles", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--lora", action="store_true", help="--train_type lora --vllm_enable_lora true (3.10.x)")
     p.add_argument("--cuda-available", action="store_true",
                    help="after set-up, torch.cuda.is_available() answers True (the hardware a CUDA user has), so "
                         "ms-swift's CUDA-only set_expandable_segments acts")
@@ -79,11 +89,17 @@ def main():
     args = GRPOConfig(output_dir=os.path.join(a.out, "run"), use_vllm=True, vllm_mode="colocate",
                       sleep_level=a.level, use_cpu=True, per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=6, vllm_gpu_memory_utilization=0.3, vllm_max_model_len=128,
-                      report_to="none")
+                      report_to="none", **(dict(train_type="lora", vllm_enable_lora=True, lora_rank=8)
+                                           if a.lora else {}))
     try:  # 3.10.x
         from swift.llm import get_model_tokenizer, get_template
         model, tok = get_model_tokenizer(a.model, torch.float32, model_type="qwen2")
         template = get_template(model.model_meta.template, tok)
+        if a.lora:  # what ms-swift's prepare_adapter builds for --train_type lora (all-linear, rank 8, alpha 32)
+            from swift.tuners import LoraConfig, Swift
+            model = Swift.prepare_model(model, LoraConfig(
+                r=8, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     except ImportError:  # 4.x
         from swift import get_model_processor, get_template
         model, tok = get_model_processor(a.model, torch_dtype=torch.float32, model_type="qwen2")
@@ -152,7 +168,50 @@ def main():
                           "origin": runner.weights_origin})
         return original_run(self, *args_, **kwargs)
 
-    engine_cls.run_requests = observed_run
+    if a.lora:
+        from vllm._fake.lora import effective_weights
+        original_one = runner.generate_one
+
+        def merged_trainer_weights():
+            from peft.tuners.lora import LoraLayer
+            out, lora_modules = {}, set()
+            for name, m in t.model.named_modules():
+                if isinstance(m, LoraLayer) and hasattr(m, "base_layer"):
+                    key = name.removeprefix("base_model.model.")
+                    lora_modules.add(name)
+                    b = m.lora_B["default"].weight.detach().double()
+                    out[f"{key}.weight"] = (m.base_layer.weight.detach().double()
+                                            + m.scaling["default"] * b @ m.lora_A["default"].weight.detach().double())
+                    if m.base_layer.bias is not None:
+                        out[f"{key}.bias"] = m.base_layer.bias.detach().double()
+            for name, p in t.model.named_parameters():
+                if not any(name.startswith(f"{x}.") for x in lora_modules):
+                    out[name.removeprefix("base_model.model.")] = p.detach().double()
+            return out
+
+        pending = []
+
+        def observed_lora_run(self, *args_, **kwargs):  # one record per batch: at its first forward
+            pending[:] = [t.state.global_step]
+            return original_run(self, *args_, **kwargs)
+
+        def observed_one(*args_, **kwargs):  # after the request's adapter was mapped (set_active_loras)
+            if pending:
+                engine, trainer = effective_weights(runner.model), merged_trainer_weights()
+                assert engine.keys() == trainer.keys(), sorted(engine.keys() ^ trainer.keys())
+                diffs = {k: float((engine[k] - trainer[k]).abs().max()) for k in engine}
+                diff = max(diffs.values())
+                worst = sorted(diffs, key=diffs.get)[-3:]
+                generates.append({"step": pending.pop(), "origin": runner.weights_origin, "max_diff": diff,
+                                  "mismatch": not diff < 1e-6, "worst": {k: diffs[k] for k in worst},
+                                  "slot": runner.model.lora_manager.punica_wrapper.index,  # -1: no adapter
+                                  "loras": sorted(runner.list_loras())})
+            return original_one(*args_, **kwargs)
+
+        runner.generate_one = observed_one
+        engine_cls.run_requests = observed_lora_run
+    else:
+        engine_cls.run_requests = observed_run
     messages = [{"role": "user", "content": "hello world"}]
     try:  # 4.x rollouts take OnPolicySample objects
         from swift.rl_core.data import OnPolicySample
@@ -162,9 +221,10 @@ def main():
         make_inputs = lambda: [{"messages": [dict(m) for m in messages]} for _ in range(2)]  # noqa: E731
     for step in range(a.steps):
         if step:
-            with torch.no_grad():  # an optimizer step changes the trained weights
+            with torch.no_grad():  # an optimizer step changes the trained weights (LoRA: the adapter only)
                 for p in t.model.parameters():
-                    p.add_(0.01 * torch.randn_like(p))
+                    if p.requires_grad or not a.lora:
+                        p.add_(0.01 * torch.randn_like(p))
             t.state.global_step = step
         for _ in range(a.cycles):
             t._fast_infer(make_inputs())
@@ -175,7 +235,7 @@ def main():
     tracked = runner.weights_alloc.nbytes if hasattr(runner.weights_alloc, "nbytes") else None
     print(json.dumps({
         "swift": swift.__version__, "vllm": vllm.__version__, "generates": generates,
-        "mismatches": sum(1 for g in generates if g["engine"] != g["trainer"]),
+        "mismatches": sum(1 for g in generates if g.get("mismatch", g.get("engine") != g.get("trainer"))),
         "garbage": sum(1 for g in generates if g["origin"] == "garbage"),
         "sleeps": sleeps, "weights_bytes": tracked,
         "alloc_env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",

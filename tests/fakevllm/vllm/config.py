@@ -61,8 +61,19 @@ class ParallelConfig:
 
 @dataclass
 class LoRAConfig:
+    """vllm/config/lora.py (0.10.2): ``max_cpu_loras`` defaults to ``max_loras``; ``lora_dtype``
+    "auto" becomes the model's dtype when the model loads (``verify_with_model_config``)."""
     max_lora_rank: int = 16
     max_loras: int = 1
+    max_cpu_loras: Optional[int] = None
+    lora_dtype: Any = "auto"
+    lora_extra_vocab_size: int = 256
+    bias_enabled: bool = False
+    fully_sharded_loras: bool = False
+
+    def __post_init__(self):
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
 
 
 @dataclass

@@ -144,10 +144,14 @@ class LLMEngine:
         return None
 
     def add_lora(self, lora_request) -> bool:
+        if self.vllm_config.lora_config is not None:  # EngineCore.add_lora -> model_executor.add_lora (workers)
+            return self.model_executor.add_lora(lora_request)
         self.__dict__.setdefault("_loras", {})[lora_request.lora_int_id] = lora_request
         return True
 
     def list_loras(self) -> set:
+        if self.vllm_config.lora_config is not None:
+            return self.model_executor.list_loras()
         return set(self.__dict__.get("_loras", {}))
 
     def abort_request(self, request_ids, internal: bool = False) -> None:
@@ -179,8 +183,10 @@ class LLMEngine:
         n_tokens = 0
         encoder = {"hits": 0, "stale": 0, "computed": 0}
         from vllm.v1.core.encoder_cache_manager import mm_hash, mm_items
-        for prompt, sp in zip(prompts, params):
+        for prompt, sp, lora_request in zip(prompts, params, lora_requests):
             ids = list(prompt["prompt_token_ids"])
+            if runner.lora_manager is not None:  # execute_model: set_active_loras (the request's adapter)
+                runner.set_active_lora_for_request(lora_request, len(ids))
             rid = str(next(self._req_counter))
             for item in mm_items(prompt.get("multi_modal_data")):
                 key = mm_hash(item)

@@ -78,6 +78,16 @@ class Executor:
     def add_lora(self, lora_request) -> bool:
         return all(self.collective_rpc("add_lora", args=(lora_request,)))
 
+    def remove_lora(self, lora_id: int) -> bool:
+        return all(self.collective_rpc("remove_lora", args=(lora_id,)))
+
+    def list_loras(self) -> set:
+        """vllm/executor/executor_base.py: every worker holds the same adapters."""
+        sets = self.collective_rpc("list_loras")
+        for s in sets:
+            assert s == sets[0], "All workers should have the same LORAs."
+        return sets[0]
+
     def sleep(self, level: int = 1):
         if self.is_sleeping:
             logger.warning("Executor is already sleeping.")

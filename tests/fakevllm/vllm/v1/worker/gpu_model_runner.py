@@ -19,6 +19,7 @@ import torch
 from vllm import _fake
 from vllm._fake.device import DEVICE
 from vllm.logprobs import Logprob
+from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
 
 def _device_fault() -> RuntimeError:
@@ -44,6 +45,9 @@ class WeightsPayload:
     def tensors(self):
         yield from self.model.named_parameters()
         yield from self.model.named_buffers()
+        for prefix, module in self.model.named_modules():  # LoRA slots (vllm.lora.layers), weights tag too
+            if hasattr(module, "named_lora_slots"):
+                yield from module.named_lora_slots(prefix)
 
     def backup(self):
         b = {n: t.detach().clone() for n, t in self.tensors()}
@@ -80,7 +84,7 @@ class VllmModelMixin:
         return runner._write_weights(weights, source="load_weights")
 
 
-class GPUModelRunner:
+class GPUModelRunner(LoRAModelRunnerMixin):
     def __init__(self, vllm_config, device=None):
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
@@ -109,6 +113,8 @@ class GPUModelRunner:
         hf.requires_grad_(False)
         hf.__class__ = type("Fake" + type(hf).__name__, (type(hf), VllmModelMixin), {})
         hf._fake_runner = self
+        if self.vllm_config.lora_config is not None:  # load_model: self.load_lora_model(...) under the weights tag
+            hf = self.load_lora_model(hf, self.model_config, None, self.vllm_config.lora_config, self.device)
         self.model = hf
         nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(hf).tensors())
         self.weights_alloc = DEVICE.allocate(nbytes, label="weights", payload=WeightsPayload(hf, self))

@@ -176,10 +176,16 @@ class Worker(WorkerBase):
         return self.model_runner.reset_prefix_cache()
 
     def add_lora(self, lora_request) -> bool:
-        return True
+        if self.model_runner.lora_manager is None:  # stand-in without LoRA enabled: as before
+            return True
+        return self.model_runner.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        return True
+        if self.model_runner.lora_manager is None:
+            return True
+        return self.model_runner.remove_lora(lora_id)
 
     def list_loras(self) -> set[int]:
-        return set()
+        if self.model_runner.lora_manager is None:
+            return set()
+        return self.model_runner.list_loras()

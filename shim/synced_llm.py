@@ -3,7 +3,7 @@
 Trainers drive sleep mode with their own counters (TRL's ``_last_loaded_step``,
 ms-swift's ``is_sleeping`` checks) and refill woken weights with
 ``collective_rpc("reload_weights")``, which reads the checkpoint on disk -- the
-*initial* weights. :class:`GuardedLLM` sits where the trainer keeps its
+*initial* weights. :class:`SyncedLLM` sits where the trainer keeps its
 ``llm`` and enforces one invariant instead, from the shared sleep state
 (``shim.sleep_state``):
 
@@ -52,12 +52,12 @@ def sync_from_engine(llm) -> sleep_state.SleepState:
 _classes: dict = {}
 
 
-def guarded_class():
+def synced_class():
     base = _proxy_base()
     if base in _classes:
         return _classes[base]
 
-    class GuardedLLM(base):
+    class SyncedLLM(base):
         __doc__ = __doc__
 
         def __init__(self, llm, push, reload: str = REPLACE):
@@ -113,15 +113,15 @@ def guarded_class():
             self._self_ensure_weights()
             return self.__wrapped__.chat(*args, **kwargs)
 
-    _classes[base] = GuardedLLM
-    return GuardedLLM
+    _classes[base] = SyncedLLM
+    return SyncedLLM
 
 
-def guard(llm, push, reload: str = REPLACE):
-    """Wrap ``llm`` once; an already guarded ``llm`` is returned as it is."""
+def attach(llm, push, reload: str = REPLACE):
+    """Wrap ``llm`` in :class:`SyncedLLM` once; an ``llm`` already wrapped is returned as it is."""
     if getattr(llm, "_self_push", None) is not None:
         return llm
-    return guarded_class()(llm, push, reload)
+    return synced_class()(llm, push, reload)
 
 
 def owned_by_swift(obj) -> bool:
@@ -130,7 +130,7 @@ def owned_by_swift(obj) -> bool:
     return any(c.__module__.split(".")[0] == "swift" for c in type(obj).__mro__)
 
 
-def is_guarded(llm) -> bool:
+def is_attached(llm) -> bool:
     return getattr(llm, "_self_push", None) is not None
 
 
