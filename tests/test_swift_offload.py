@@ -97,3 +97,37 @@ def test_upstream_fix_3_12_3():
     assert train["used_inside"] == train["used_before"], train
     assert train["used_after"] == train["used_before"] + r["partition_bytes"] and train["views_after"] == 0, train
 
+
+
+class _Failing:
+    """A ZeRO-3 partition's data whose move fails (a device error in the middle of the offload)."""
+
+    def to(self, *a, **k):
+        raise RuntimeError("device error")
+
+
+class _Model:
+    def parameters(self):
+        param = type("Param", (), {})()
+        param.ds_tensor = type("Partition", (), {"data": _Failing()})()
+        return [param]
+
+
+@pytest.mark.parametrize("strict", ("0", "1"))
+def test_a_failing_partition_move_never_stops_training(monkeypatch, strict, caplog):
+    """The shim's moves come after ms-swift's own ``offload_model``: their exception is one WARNING,
+    ms-swift's result comes back (``SHIM_STRICT=1``: it raises)."""
+    from shim import log, zero3_offload
+
+    monkeypatch.setenv("SHIM_STRICT", strict)
+    monkeypatch.setattr(zero3_offload, "_owns_storage", lambda t: True)
+    offload_model, _ = zero3_offload.wrappers(lambda: "cpu")
+    warnings = []
+    monkeypatch.setattr(log, "warning", warnings.append)
+    upstream = lambda model: "ms-swift's result"  # noqa: E731
+    if strict == "1":
+        with pytest.raises(RuntimeError, match="device error"):
+            offload_model(upstream, None, (_Model(),), {})
+        return
+    assert offload_model(upstream, None, (_Model(),), {}) == "ms-swift's result"
+    assert len(warnings) == 1 and "offload of the ZeRO-3 partitions failed" in warnings[0], warnings
