@@ -46,7 +46,7 @@ def _move_full_model_to_vllm(wrapped, instance, args, kwargs):
     train_args = getattr(instance, "args", None)
     if (getattr(instance, "vllm_mode", "colocate") == "colocate" and getattr(train_args, "sleep_level", 0) == 2
             and getattr(train_args, "train_type", None) == "lora" and getattr(instance, "rollout_enable_lora", False)
-            and not instance.should_merge_adapter):
+            and not getattr(instance, "should_merge_adapter", True)):
         instance._move_adapter_to_vllm()
     return result
 
