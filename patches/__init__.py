@@ -18,6 +18,7 @@ INDEX = (
     ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
     ("swift-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-grpo-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.grpo_trainer"),
+    ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
     ("swift-expandable-segments", "swift_expandable_segments", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-expandable-segments-4x", "swift_expandable_segments", "swift.rlhf_trainers.rollout_mixin"),
     ("swift-expandable-segments-megatron", "swift_expandable_segments", "swift.megatron.trainers.rollout_mixin"),

@@ -1,0 +1,149 @@
+"""ms-swift 4.0-4.5.x: a same-step rollout wakes vLLM's weights before the trainer is offloaded.
+
+Upstream: modelscope/ms-swift#10109 (PR: colocate offload and vLLM wake-up ordering), fixed in 4.6.0; its
+          other half, reloading only the models offload_context moved (#9793), is not this patch
+Affects:  ms-swift >=4.0.0,<4.6.0 colocate rollouts with --sleep_level 1 and --offload_model / --offload_optimizer,
+          a second rollout in one training step (GRPO dynamic sampling, GKD per micro-batch, evaluation)
+Remove:   when the shim's minimum supported ms-swift is >=4.6.0
+
+``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3, the same wake code in every release) wakes the
+weights (``wake_up(tags=["weights"])``) whenever the engine sleeps, pushes the trained weights when
+``global_step`` changed or ``sleep_level == 2``, and only then enters ``offload_context()``, which
+moves the trainer's model and optimizer off the device, and wakes the ``kv_cache``. When no push is
+needed (a second rollout in the same step at level 1), the early weights wake buys nothing: the
+trainer and vLLM's weights sit on the device together, an OOM where both do not fit. 4.6.0 wakes the
+weights early only when it pushes, otherwise together with the KV cache inside ``offload_context``
+(``tags = ["weights", "kv_cache"]``). The shim does the same, for one ``_fast_infer`` call at a time:
+when the rollout needs no push and the trainer is offloaded (``enable_offload``), the early
+``wake_up(tags=["weights"])`` is held back and the later ``wake_up(tags=["kv_cache"])`` becomes
+``wake_up(tags=["weights", "kv_cache"])``. Every other rollout runs as upstream wrote it. A
+``wake_up`` without ``tags`` (vLLM before tagged wakes) is left alone. Stands down by probe where
+``_fast_infer`` already decides the wake on ``needs_weight_sync`` (4.6.0).
+
+The Megatron mixin (``MegatronRolloutMixin._generate_completions``) has the same order in 4.0.0-4.5.3
+and the same fix in 4.6.0; it is not patched here (yet).
+"""
+from shim.patching import Patch
+
+_FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
+_EARLY = "'tags': ['weights']"
+_LATE = "wake_up(tags=['kv_cache'])"
+_logged = False
+
+
+def _wake_tags(engine) -> bool:
+    import inspect
+
+    try:
+        return "tags" in inspect.signature(engine.wake_up).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _defer(instance) -> "object | None":
+    """The vLLM engine whose weights wake this ``_fast_infer`` call should move after the offload, or None
+    (upstream's order is kept). The same conditions as 4.6.0's ``colocate_sleeping and not
+    needs_weight_sync``, plus: the trainer is offloaded (otherwise the order changes nothing) and both
+    tags are asleep."""
+    train_args = instance.args
+    if instance.vllm_mode != "colocate" or not getattr(train_args, "sleep_level", 0) > 0:
+        return None
+    if not getattr(instance, "enable_offload", False):
+        return None
+    if train_args.sleep_level == 2 or instance.state.global_step != instance._last_loaded_step:
+        return None  # a push follows: the weights must be awake while the trainer is still on the device
+    executor = instance.engine.inner_model_executor
+    if not executor.is_sleeping:
+        return None
+    asleep = getattr(executor, "sleeping_tags", None)
+    if asleep is not None and not {"weights", "kv_cache"} <= set(asleep):
+        return None
+    engine = instance.engine.engine
+    return engine if _wake_tags(engine) else None
+
+
+def _fast_infer(wrapped, instance, args, kwargs):
+    global _logged
+    from shim import log
+
+    try:
+        engine = _defer(instance)
+    except Exception as exc:  # an attribute this release does not have: upstream's order
+        log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
+        engine = None
+    if engine is None:
+        return wrapped(*args, **kwargs)
+    original = engine.wake_up  # bound: the class's wake_up with every wrapper on it
+    held = []
+
+    def wake_up(tags=None):
+        if tags is not None and list(tags) == ["weights"] and not held:
+            held.append(True)  # the early wake, before offload_context: held back
+            return None
+        if tags is not None and list(tags) == ["kv_cache"] and held == [True]:
+            held.append(False)  # inside offload_context: the trainer is off the device now
+            return original(tags=["weights", "kv_cache"])
+        return original(tags=tags)
+
+    own = vars(engine).get("wake_up", _MISSING)
+    try:
+        engine.wake_up = wake_up
+    except Exception as exc:  # an engine that takes no attribute: upstream's order
+        log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
+        return wrapped(*args, **kwargs)
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        if own is _MISSING:
+            vars(engine).pop("wake_up", None)
+        else:
+            engine.wake_up = own
+    if held == [True, False]:
+        log.event("swift-resample-wake-order: same-step rollout without a weight push: vLLM's weights woken "
+                  "with the KV cache after offload_context (as ms-swift 4.6.0)", important=not _logged)
+        _logged = True
+    return result
+
+
+_MISSING = object()
+
+
+def probe(module):
+    import inspect
+
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    if cls is None:
+        return "upstream shape changed: RolloutTrainerMixin not found"
+    fast = getattr(cls, "_fast_infer", None)
+    if fast is None or not hasattr(cls, "offload_context"):
+        return "upstream shape changed: RolloutTrainerMixin._fast_infer/offload_context not found"
+    source = inspect.getsource(fast)
+    if any(marker in source for marker in _FIXED):
+        return "fixed upstream (RolloutTrainerMixin._fast_infer wakes the weights early only before a push)"
+    early, context, late = source.find(_EARLY), source.find("with context()"), source.find(_LATE)
+    if not (0 <= early < context < late) or "_last_loaded_step" not in source:
+        return ("upstream shape changed: RolloutTrainerMixin._fast_infer does not wake the weights before "
+                "offload_context and the kv_cache inside it")
+    return None
+
+
+def apply(module, patcher):
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
+
+
+PATCH = Patch(
+    id="swift-resample-wake-order",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=4.0.0,<4.6.0",
+    fixed_in="4.6.0",
+    module="swift.rlhf_trainers.rollout_mixin",
+    apply=apply,
+    probe=probe,
+    summary="RolloutTrainerMixin._fast_infer: a same-step rollout without a push wakes vLLM's weights after "
+            "offload_context, with the KV cache (as ms-swift 4.6.0)",
+    verified="CPU: real ms-swift 4.5.3 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in; "
+             "4.6.0 stands down",
+)
+
+PATCHES = [PATCH]
