@@ -16,9 +16,12 @@ INDEX = (
     ("trl-rloo-level2-resync", "trl_level2_resync", "trl.trainer.rloo_trainer"),
     ("trl-online-dpo-resync", "trl_online_dpo", "trl.experimental.online_dpo.online_dpo_trainer"),
     ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
+    ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
+    # before swift-level2-resync, whose wrapper of _fast_infer stays the outer one on 3.10.x (either order works:
+    # one acts at level 1 only, the other at level 2 only)
+    ("swift-resample-wake-order-3x", "swift_resample_wake_order", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-grpo-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.grpo_trainer"),
-    ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
     ("swift-expandable-segments", "swift_expandable_segments", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-expandable-segments-4x", "swift_expandable_segments", "swift.rlhf_trainers.rollout_mixin"),
     ("swift-expandable-segments-megatron", "swift_expandable_segments", "swift.megatron.trainers.rollout_mixin"),

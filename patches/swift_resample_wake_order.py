@@ -1,12 +1,13 @@
-"""ms-swift 4.0-4.5.x: a same-step rollout wakes vLLM's weights before the trainer is offloaded.
+"""ms-swift 3.10-4.5.x: a same-step rollout wakes vLLM's weights before the trainer is offloaded.
 
-Upstream: modelscope/ms-swift#10109 (PR: colocate offload and vLLM wake-up ordering), fixed in 4.6.0; its
-          other half, reloading only the models offload_context moved (#9793), is not this patch
-Affects:  ms-swift >=4.0.0,<4.6.0 colocate rollouts with --sleep_level 1 and --offload_model / --offload_optimizer,
-          a second rollout in one training step (GRPO dynamic sampling, GKD per micro-batch, evaluation)
+Upstream: modelscope/ms-swift#10109 (PR: colocate offload and vLLM wake-up ordering), fixed in 4.6.0 (not in
+          3.x); its other half, reloading only the models offload_context moved (#9793), is not this patch
+Affects:  ms-swift >=4.0.0,<4.6.0 (swift.rlhf_trainers) and >=3.10.0,<4.0.0 (swift.trainers.rlhf_trainer, 3.12.6
+          included) colocate rollouts with --sleep_level 1 and --offload_model / --offload_optimizer, a second
+          rollout in one training step (GRPO dynamic sampling, GKD per micro-batch, evaluation)
 Remove:   when the shim's minimum supported ms-swift is >=4.6.0
 
-``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3, the same wake code in every release) wakes the
+``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3 and 3.10.0-3.12.6, the same wake order in every release) wakes the
 weights (``wake_up(tags=["weights"])``) whenever the engine sleeps, pushes the trained weights when
 ``global_step`` changed or ``sleep_level == 2``, and only then enters ``offload_context()``, which
 moves the trainer's model and optimizer off the device, and wakes the ``kv_cache``. When no push is
@@ -20,8 +21,9 @@ when the rollout needs no push and the trainer is offloaded (``enable_offload``)
 ``wake_up`` without ``tags`` (vLLM before tagged wakes) is left alone. Stands down by probe where
 ``_fast_infer`` already decides the wake on ``needs_weight_sync`` (4.6.0).
 
-The Megatron mixin (``MegatronRolloutMixin._generate_completions``) has the same order in 4.0.0-4.5.3
-and the same fix in 4.6.0; it is not patched here (yet).
+Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
+order in 4.0.0-4.5.3, the same fix in 4.6.0) and ``GRPOTrainer._fast_infer`` of 3.6-3.9.x (the same
+tagged early wake before ``offload_context``).
 """
 from shim.patching import Patch
 
@@ -109,6 +111,7 @@ _MISSING = object()
 
 
 def probe(module):
+    """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
     import inspect
 
     cls = getattr(module, "RolloutTrainerMixin", None)
@@ -146,4 +149,16 @@ PATCH = Patch(
              "4.6.0 stands down",
 )
 
-PATCHES = [PATCH]
+PATCH_3X = Patch(
+    id="swift-resample-wake-order-3x",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=3.10.0,<4.0.0",
+    module="swift.trainers.rlhf_trainer.rollout_mixin",
+    apply=apply,
+    probe=probe,
+    summary="3.x RolloutTrainerMixin._fast_infer: the same order as 4.6.0 (no 3.x release has it)",
+    verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in",
+)
+
+PATCHES = [PATCH, PATCH_3X]

@@ -163,8 +163,9 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
     assert len(agents) == 1 and by_pid[agents.pop()]["ppid"] == launcher[0]["pid"]  # swift -> torchrun -> ranks
 
 
-# ms-swift#10109 (4.0.0-4.5.3; 4.6.0 fixed): the wake code of _fast_infer is the same in every affected release
-# (4.0.0-4.3.2 name the argument `inputs`, 4.5.3 sleeps in a `finally`): 4.5.3, the last one, stands for all.
+# ms-swift#10109 (4.0.0-4.5.3 and 3.10.0-3.12.6; 4.6.0 fixed): the wake code of _fast_infer is the same in every
+# affected 4.x release (4.0.0-4.3.2 name the argument `inputs`, 4.5.3 sleeps in a `finally`): 4.5.3 stands for them;
+# 3.10.1 for 3.x (3.11.1 adds the level-2 push, which this level-1 case does not reach).
 RESAMPLE = "swift-resample-wake-order"
 PUSH, AFTER_OFFLOAD = (True, ["weights"]), (False, ["weights", "kv_cache"])
 
@@ -178,17 +179,18 @@ def _weights_wakes(run):
     return wakes
 
 
-def test_same_step_rollout_wakes_weights_after_offload_10109():
+@pytest.mark.parametrize("version,patch_id", [("4.5.3", RESAMPLE), ("3.10.1", RESAMPLE + "-3x")])
+def test_same_step_rollout_wakes_weights_after_offload_10109(version, patch_id):
     """Level 1, --offload_model, two rollouts per step (dynamic sampling, GKD micro-batches). The first rollout
     of a step pushes the trained weights: the weights wake while the trainer is still on the device (needed for
-    the push; 4.6.0 too). The second needs no push, yet 4.5.3 wakes the weights before offload_context moved the
+    the push; 4.6.0 too). The second needs no push, yet the release wakes the weights before offload_context moved the
     trainer off: both on the device at once (asserted). With the shim it wakes them with the KV cache inside
     offload_context, as 4.6.0 does (its order: test_resample_wake_order_stands_down_on_4_6_0)."""
-    off = run_swift("4.5.3", "--level", "1", "--offload")
+    off = run_swift(version, "--level", "1", "--offload")
     assert _weights_wakes(off) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, off["order"]
-    on = run_swift("4.5.3", "--level", "1", "--offload", "--shim", "--probe", RESAMPLE)
-    assert on["decisions"][RESAMPLE] == "applied" and on["probes"][RESAMPLE] is None
-    assert on["fast_infer_wrapped_by"] == RESAMPLE
+    on = run_swift(version, "--level", "1", "--offload", "--shim", "--probe", patch_id)
+    assert on["decisions"][patch_id] == "applied" and on["probes"][patch_id] is None
+    assert patch_id in on["fast_infer_markers"]
     assert _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
     for run in (off, on):
         assert len(run["generates"]) == 4 and run["mismatches"] == 0, run["generates"]
@@ -202,6 +204,6 @@ def test_resample_wake_order_stands_down_on_4_6_0():
     assert on["decisions"][RESAMPLE] == "stand down: fixed upstream in 4.6.0"
     assert on["probes"][RESAMPLE] == ("fixed upstream (RolloutTrainerMixin._fast_infer wakes the weights early "
                                       "only before a push)")
-    assert on["fast_infer_wrapped_by"] is None
+    assert on["fast_infer_markers"] == []
     assert on["order"] == off["order"] and _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
     assert on["mismatches"] == 0 and off["mismatches"] == 0

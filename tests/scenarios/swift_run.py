@@ -20,7 +20,7 @@ Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
 CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
 device the stand-in simulates (``torch.cuda`` / ``torch.npu``).
 
-``--offload`` (4.x): ``offload_model`` on, and the trainer gets the release's own
+``--offload`` (3.10+): ``offload_model`` on, and the trainer gets the release's own
 ``GRPOTrainer.offload_context`` (``RolloutTrainerMixin``'s is a placeholder that
 subclasses override). Hardware stand-in for the trainer's model on the device: on a
 GPU, ``load_model``'s ``param.data.to(cuda)`` allocates the model's bytes on the
@@ -53,7 +53,7 @@ def parse():
     p.add_argument("--cycles", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--offload", action="store_true",
-                   help="4.x: --offload_model true, with the release's GRPOTrainer.offload_context (the mixin's is a "
+                   help="3.10+: --offload_model true, with the release's GRPOTrainer.offload_context (the mixin's is a "
                         "placeholder) and the trainer model's device memory booked on the fake device")
     p.add_argument("--probe", action="append", default=[],
                    help="patch id: also report what its probe says of this release's module (range aside)")
@@ -121,7 +121,10 @@ def main():
     t._is_fsdp2 = False  # 4.x: set by the trainer when it prepares FSDP2
     trainer_on_device, order = None, []  # --offload: the trainer's moves and the engine's wakes, in order
     if a.offload:
-        from swift.rlhf_trainers.grpo_trainer import GRPOTrainer
+        try:
+            from swift.rlhf_trainers.grpo_trainer import GRPOTrainer
+        except ImportError:  # 3.x
+            from swift.trainers.rlhf_trainer.grpo_trainer import GRPOTrainer
         from vllm._fake import log_event
         from vllm._fake.device import DEVICE
 
@@ -251,6 +254,7 @@ def main():
                                                       "PYTORCH_NPU_ALLOC_CONF")},
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], patching.MARKER, None),
+        "fast_infer_markers": patching.markers(vars(owner)["_fast_infer"]),
         "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
                    if "shim.verify" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
