@@ -1,13 +1,15 @@
-"""ms-swift 3.10-4.5.x: a same-step rollout wakes vLLM's weights before the trainer is offloaded.
+"""ms-swift 3.6-4.5.x: a same-step rollout wakes vLLM's weights before the trainer is offloaded.
 
 Upstream: modelscope/ms-swift#10109 (PR: colocate offload and vLLM wake-up ordering), fixed in 4.6.0 (not in
           3.x); its other half, reloading only the models offload_context moved (#9793), is not this patch
-Affects:  ms-swift >=4.0.0,<4.6.0 (swift.rlhf_trainers) and >=3.10.0,<4.0.0 (swift.trainers.rlhf_trainer, 3.12.6
-          included) colocate rollouts with --sleep_level 1 and --offload_model / --offload_optimizer, a second
-          rollout in one training step (GRPO dynamic sampling, GKD per micro-batch, evaluation)
+Affects:  ms-swift >=4.0.0,<4.6.0 (swift.rlhf_trainers), >=3.10.0,<4.0.0 (swift.trainers.rlhf_trainer rollout
+          mixin, 3.12.6 included) and >=3.6.0,<3.10.0 (GRPOTrainer) colocate rollouts with --sleep_level 1 and
+          --offload_model / --offload_optimizer, a second rollout in one training step (GRPO dynamic sampling,
+          GKD per micro-batch, evaluation)
 Remove:   when the shim's minimum supported ms-swift is >=4.6.0
 
-``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3 and 3.10.0-3.12.6, the same wake order in every release) wakes the
+``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3 and 3.10.0-3.12.6; before 3.10 ``GRPOTrainer._fast_infer``,
+from 3.6.0, where ``offload_context`` appeared: the same wake order in every release) wakes the
 weights (``wake_up(tags=["weights"])``) whenever the engine sleeps, pushes the trained weights when
 ``global_step`` changed or ``sleep_level == 2``, and only then enters ``offload_context()``, which
 moves the trainer's model and optimizer off the device, and wakes the ``kv_cache``. When no push is
@@ -22,13 +24,12 @@ when the rollout needs no push and the trainer is offloaded (``enable_offload``)
 ``_fast_infer`` already decides the wake on ``needs_weight_sync`` (4.6.0).
 
 Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
-order in 4.0.0-4.5.3, the same fix in 4.6.0) and ``GRPOTrainer._fast_infer`` of 3.6-3.9.x (the same
-tagged early wake before ``offload_context``).
+order in 4.0.0-4.5.3, the same fix in 4.6.0).
 """
 from shim.patching import Patch
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
-_EARLY = "'tags': ['weights']"
+_EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
 _LATE = "wake_up(tags=['kv_cache'])"
 _logged = False
 
@@ -110,28 +111,46 @@ def _fast_infer(wrapped, instance, args, kwargs):
 _MISSING = object()
 
 
-def probe(module):
-    """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
+def _probe_class(cls, name: str, own: bool):
     import inspect
 
+    fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
+    if fast is None or not hasattr(cls, "offload_context"):
+        return f"upstream shape changed: {name}._fast_infer/offload_context not found"
+    source = inspect.getsource(fast)
+    if any(marker in source for marker in _FIXED):
+        return f"fixed upstream ({name}._fast_infer wakes the weights early only before a push)"
+    early = min((i for i in (source.find(e) for e in _EARLY) if i >= 0), default=-1)
+    context, late = source.find("with context()"), source.find(_LATE)
+    if not (0 <= early < context < late) or "_last_loaded_step" not in source:
+        return (f"upstream shape changed: {name}._fast_infer does not wake the weights before offload_context "
+                "and the kv_cache inside it")
+    return None
+
+
+def probe(module):
+    """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
         return "upstream shape changed: RolloutTrainerMixin not found"
-    fast = getattr(cls, "_fast_infer", None)
-    if fast is None or not hasattr(cls, "offload_context"):
-        return "upstream shape changed: RolloutTrainerMixin._fast_infer/offload_context not found"
-    source = inspect.getsource(fast)
-    if any(marker in source for marker in _FIXED):
-        return "fixed upstream (RolloutTrainerMixin._fast_infer wakes the weights early only before a push)"
-    early, context, late = source.find(_EARLY), source.find("with context()"), source.find(_LATE)
-    if not (0 <= early < context < late) or "_last_loaded_step" not in source:
-        return ("upstream shape changed: RolloutTrainerMixin._fast_infer does not wake the weights before "
-                "offload_context and the kv_cache inside it")
-    return None
+    return _probe_class(cls, "RolloutTrainerMixin", own=False)
+
+
+def probe_grpo(module):
+    """3.6.0-3.9.x: ``GRPOTrainer``'s own ``_fast_infer`` (3.6-3.7 spell the early wake
+    ``wake_up(tags=['weights'])``, 3.8-3.9 through ``kwargs``)."""
+    cls = getattr(module, "GRPOTrainer", None)
+    if cls is None:
+        return "upstream shape changed: GRPOTrainer not found"
+    return _probe_class(cls, "GRPOTrainer", own=True)
 
 
 def apply(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
+
+
+def apply_grpo(module, patcher):
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", _fast_infer)
 
 
 PATCH = Patch(
@@ -161,4 +180,16 @@ PATCH_3X = Patch(
     verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in",
 )
 
-PATCHES = [PATCH, PATCH_3X]
+PATCH_GRPO = Patch(
+    id="swift-grpo-resample-wake-order",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=3.6.0,<3.10.0",
+    module="swift.trainers.rlhf_trainer.grpo_trainer",
+    apply=apply_grpo,
+    probe=probe_grpo,
+    summary="3.6-3.9 GRPOTrainer._fast_infer: the same order as 4.6.0 (no 3.x release has it)",
+    verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
+)
+
+PATCHES = [PATCH, PATCH_3X, PATCH_GRPO]

@@ -163,9 +163,10 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
     assert len(agents) == 1 and by_pid[agents.pop()]["ppid"] == launcher[0]["pid"]  # swift -> torchrun -> ranks
 
 
-# ms-swift#10109 (4.0.0-4.5.3 and 3.10.0-3.12.6; 4.6.0 fixed): the wake code of _fast_infer is the same in every
-# affected 4.x release (4.0.0-4.3.2 name the argument `inputs`, 4.5.3 sleeps in a `finally`): 4.5.3 stands for them;
-# 3.10.1 for 3.x (3.11.1 adds the level-2 push, which this level-1 case does not reach).
+# ms-swift#10109 (4.0.0-4.5.3, 3.10.0-3.12.6, 3.6.0-3.9.x; 4.6.0 fixed): the wake code of _fast_infer is the same in
+# every affected 4.x release (4.0.0-4.3.2 name the argument `inputs`, 4.5.3 sleeps in a `finally`): 4.5.3 stands for
+# them; 3.10.1 for the 3.x rollout mixin (3.11.1 adds the level-2 push, which this level-1 case does not reach);
+# 3.9.3 for GRPOTrainer's own _fast_infer (3.6-3.7 spell the early wake differently: probe only, read in the wheels).
 RESAMPLE = "swift-resample-wake-order"
 PUSH, AFTER_OFFLOAD = (True, ["weights"]), (False, ["weights", "kv_cache"])
 
@@ -179,7 +180,8 @@ def _weights_wakes(run):
     return wakes
 
 
-@pytest.mark.parametrize("version,patch_id", [("4.5.3", RESAMPLE), ("3.10.1", RESAMPLE + "-3x")])
+@pytest.mark.parametrize("version,patch_id", [("4.5.3", RESAMPLE), ("3.10.1", RESAMPLE + "-3x"),
+                                              ("3.9.3", "swift-grpo-resample-wake-order")])
 def test_same_step_rollout_wakes_weights_after_offload_10109(version, patch_id):
     """Level 1, --offload_model, two rollouts per step (dynamic sampling, GKD micro-batches). The first rollout
     of a step pushes the trained weights: the weights wake while the trainer is still on the device (needed for

@@ -158,7 +158,7 @@ def main():
         from swift.llm import RequestConfig
         for k, v in dict(vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                          vllm_tensor_parallel_size=1, use_vllm=True, use_fast_infer=True, async_generate=False,
-                         enable_offload=False, enable_server_multi_turn=False, dynamic_num_samples=False,
+                         enable_offload=a.offload, enable_server_multi_turn=False, dynamic_num_samples=False,
                          use_gym_env=False, vllm_use_async_engine=False, _last_loaded_step=-1,
                          completion_length_limit_scope=args.completion_length_limit_scope).items():
             setattr(t, k, v)

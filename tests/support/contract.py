@@ -46,6 +46,7 @@ TARGETS = {
     "swift-grpo-level2-resync": ("swift", "3.9.3"),
     "swift-resample-wake-order": ("swift", "4.5.3"),
     "swift-resample-wake-order-3x": ("swift", "3.10.1"),
+    "swift-grpo-resample-wake-order": ("swift", "3.9.3"),
     "swift-expandable-segments": ("swift", "3.10.1"),
     "swift-expandable-segments-4x": ("swift", "4.6.0"),
     "swift-expandable-segments-megatron": ("swift-megatron", "4.6.0"),
