@@ -76,6 +76,8 @@ def test_level1_unchanged(version):
     on = run_swift(version, "--level", "1", "--shim")
     assert off["mismatches"] == 0 and on["mismatches"] == 0
     assert [g["origin"] for g in on["generates"]] == [g["origin"] for g in off["generates"]]
+    # without offload swift-resample-wake-order-3x keeps upstream's wakes (the order costs nothing there)
+    assert on["events"] == off["events"]
 
 
 EXPANDABLE = "expandable_segments:True"
@@ -196,6 +198,15 @@ def test_same_step_rollout_wakes_weights_after_offload_10109(version, patch_id):
     assert _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
     for run in (off, on):
         assert len(run["generates"]) == 4 and run["mismatches"] == 0, run["generates"]
+
+
+def test_resample_wake_order_level2_unchanged():
+    """Level 2 pushes before every rollout (the weights were discarded): the early weights wake is needed there,
+    and the shim keeps it -- every weights wake precedes the offload, every rollout on the trained weights."""
+    on = run_swift("4.5.3", "--level", "2", "--offload", "--shim")
+    assert on["decisions"][RESAMPLE] == "applied"
+    assert _weights_wakes(on) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, on["order"]
+    assert on["mismatches"] == 0 and on["garbage"] == 0, on["generates"]
 
 
 def test_resample_wake_order_stands_down_on_4_6_0():
