@@ -11,7 +11,7 @@ Remove:   when the shim's minimum supported ms-swift is >=4.6.0
 ``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3 and 3.10.0-3.12.6; before 3.10 ``GRPOTrainer._fast_infer``,
 from 3.6.0, where ``offload_context`` appeared: the same wake order in every release) wakes the
 weights (``wake_up(tags=["weights"])``) whenever the engine sleeps, pushes the trained weights when
-``global_step`` changed or ``sleep_level == 2``, and only then enters ``offload_context()``, which
+``global_step`` changed (3.11.1+: or ``sleep_level == 2``), and only then enters ``offload_context()``, which
 moves the trainer's model and optimizer off the device, and wakes the ``kv_cache``. When no push is
 needed (a second rollout in the same step at level 1), the early weights wake buys nothing: the
 trainer and vLLM's weights sit on the device together, an OOM where both do not fit. 4.6.0 wakes the
@@ -31,6 +31,7 @@ from shim.patching import Patch
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
 _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
 _LATE = "wake_up(tags=['kv_cache'])"
+_MISSING = object()
 _logged = False
 
 
@@ -88,10 +89,10 @@ def _fast_infer(wrapped, instance, args, kwargs):
             return original(tags=["weights", "kv_cache"])
         return original(tags=tags)
 
-    own = vars(engine).get("wake_up", _MISSING)
     try:
+        own = vars(engine).get("wake_up", _MISSING)
         engine.wake_up = wake_up
-    except Exception as exc:  # an engine that takes no attribute: upstream's order
+    except Exception as exc:  # an engine that takes no attribute (no __dict__, a proxy): upstream's order
         log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
         return wrapped(*args, **kwargs)
     try:
@@ -106,9 +107,6 @@ def _fast_infer(wrapped, instance, args, kwargs):
                   "with the KV cache after offload_context (as ms-swift 4.6.0)", important=not _logged)
         _logged = True
     return result
-
-
-_MISSING = object()
 
 
 def _probe_class(cls, name: str, own: bool):
