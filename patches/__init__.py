@@ -16,6 +16,11 @@ INDEX = (
     ("trl-rloo-level2-resync", "trl_level2_resync", "trl.trainer.rloo_trainer"),
     ("trl-online-dpo-resync", "trl_online_dpo", "trl.experimental.online_dpo.online_dpo_trainer"),
     ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
+    ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
+    # before swift-level2-resync / swift-grpo-level2-resync, whose wrappers of _fast_infer stay the outer ones on
+    # 3.x (either order works: one acts at level 1 only, the other at level 2 only)
+    ("swift-resample-wake-order-3x", "swift_resample_wake_order", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("swift-grpo-resample-wake-order", "swift_resample_wake_order", "swift.trainers.rlhf_trainer.grpo_trainer"),
     ("swift-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-grpo-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.grpo_trainer"),
     ("swift-expandable-segments", "swift_expandable_segments", "swift.trainers.rlhf_trainer.rollout_mixin"),

@@ -56,7 +56,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS_DIR = REPO_ROOT / "tests"
 ENVS_DIR = REPO_ROOT / ".envs"
 
-SWIFT_VERSIONS: tuple[str, ...] = ("3.10.0", "3.10.1", "4.6.0", "3.9.3", "3.11.1", "3.12.3")
+SWIFT_VERSIONS: tuple[str, ...] = ("3.10.0", "3.10.1", "4.6.0", "3.9.3", "3.11.1", "3.12.3", "4.5.3")
 
 # Releases tested as an OVERLAY on the venv of a release with the same dependency pins: ms-swift (and
 # the pins that differ) installed with ``pip install --no-deps --target .envs/swift-<ver>-overlay``,
@@ -66,6 +66,10 @@ OVERLAYS = {
     "3.9.3": ("3.10.1", ("trl==0.23.1",)),  # 3.9.x declares trl<0.24; transformers/peft pins as 3.10.x
     "3.11.1": ("3.10.1", ()),  # 3.11.x declares peft<0.19, transformers<4.58, trl<0.25: 3.10.x's pins fit
     "3.12.3": ("3.10.1", ()),  # 3.12.x declares peft<0.19, transformers<4.58, trl<0.25: 3.10.x's pins fit
+    # 4.5.3 declares transformers<5.17 (4.6.0: <5.20; the venv has 5.19.0); its other pins (trl<1.0, peft<0.21,
+    # datasets<4.8.5) fit 4.6.0's. transformers 5.16.1 needs huggingface-hub>=1.5,<2 and tokenizers>=0.23.1,<0.24:
+    # the venv's 1.33.0 / 0.23.3.
+    "4.5.3": ("4.6.0", ("transformers==5.16.1",)),
 }
 
 _COMMON = ("accelerate", "modelscope", "pydantic", "pillow", "einops", "json_repair", "dacite",

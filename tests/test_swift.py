@@ -33,8 +33,9 @@ def test_level2_rollouts_use_trained_weights(version):
     assert on["mismatches"] == 0, on["generates"]
     patch_id, expected = LEVEL2_PATCH[version]
     assert on["decisions"][patch_id] == expected
-    # stood down by behaviour: the release's own _fast_infer is not wrapped
-    assert on["fast_infer_wrapped_by"] == (patch_id if expected == "applied" else None)
+    # stood down by behaviour: the release's own _fast_infer is not wrapped by it (3.x: swift-resample-wake-order-3x
+    # / swift-grpo-resample-wake-order wrap it too, acting at level 1 only)
+    assert (patch_id in on["fast_infer_markers"]) == (expected == "applied"), on["fast_infer_markers"]
 
 
 def test_level2_lora_rollouts_use_trained_weights():
@@ -92,6 +93,8 @@ def test_level1_unchanged(version):
     on = run_swift(version, "--level", "1", "--shim")
     assert off["mismatches"] == 0 and on["mismatches"] == 0
     assert [g["origin"] for g in on["generates"]] == [g["origin"] for g in off["generates"]]
+    # without offload swift-resample-wake-order-3x keeps upstream's wakes (the order costs nothing there)
+    assert on["events"] == off["events"]
 
 
 EXPANDABLE = "expandable_segments:True"
@@ -177,3 +180,60 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
     assert len(launcher) == 1 and ranks == [0, 1], activations
     agents = {by_pid[r["ppid"]]["pid"] for r in activations if r["rank"] is not None and r["ppid"] in by_pid}
     assert len(agents) == 1 and by_pid[agents.pop()]["ppid"] == launcher[0]["pid"]  # swift -> torchrun -> ranks
+
+
+# ms-swift#10109 (4.0.0-4.5.3, 3.10.0-3.12.6, 3.6.0-3.9.x; 4.6.0 fixed): the wake code of _fast_infer is the same in
+# every affected 4.x release (4.0.0-4.3.2 name the argument `inputs`, 4.5.3 sleeps in a `finally`): 4.5.3 stands for
+# them; 3.10.1 for the 3.x rollout mixin (3.11.1 adds the level-2 push, which this level-1 case does not reach);
+# 3.9.3 for GRPOTrainer's own _fast_infer (3.6-3.7 spell the early wake differently: probe only, read in the wheels).
+RESAMPLE = "swift-resample-wake-order"
+PUSH, AFTER_OFFLOAD = (True, ["weights"]), (False, ["weights", "kv_cache"])
+
+
+def _weights_wakes(run):
+    """Per step, each wake that maps vLLM's weights: (trainer model on the device at that moment, tags)."""
+    wakes = {}
+    for w in run["order"]:
+        if w["event"] == "wake_up" and "weights" in (w["tags"] or ["weights"]):
+            wakes.setdefault(w["step"], []).append((w["trainer_on_device"], w["tags"]))
+    return wakes
+
+
+@pytest.mark.parametrize("version,patch_id", [("4.5.3", RESAMPLE), ("3.10.1", RESAMPLE + "-3x"),
+                                              ("3.9.3", "swift-grpo-resample-wake-order")])
+def test_same_step_rollout_wakes_weights_after_offload_10109(version, patch_id):
+    """Level 1, --offload_model, two rollouts per step (dynamic sampling, GKD micro-batches). The first rollout
+    of a step pushes the trained weights: the weights wake while the trainer is still on the device (needed for
+    the push; 4.6.0 too). The second needs no push, yet the release wakes the weights before offload_context moved the
+    trainer off: both on the device at once (asserted). With the shim it wakes them with the KV cache inside
+    offload_context, as 4.6.0 does (its order: test_resample_wake_order_stands_down_on_4_6_0)."""
+    off = run_swift(version, "--level", "1", "--offload")
+    assert _weights_wakes(off) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, off["order"]
+    on = run_swift(version, "--level", "1", "--offload", "--shim", "--probe", patch_id)
+    assert on["decisions"][patch_id] == "applied" and on["probes"][patch_id] is None
+    assert patch_id in on["fast_infer_markers"]
+    assert _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
+    for run in (off, on):
+        assert len(run["generates"]) == 4 and run["mismatches"] == 0, run["generates"]
+
+
+def test_resample_wake_order_level2_unchanged():
+    """Level 2 pushes before every rollout (the weights were discarded): the early weights wake is needed there,
+    and the shim keeps it -- every weights wake precedes the offload, every rollout on the trained weights."""
+    on = run_swift("4.5.3", "--level", "2", "--offload", "--shim")
+    assert on["decisions"][RESAMPLE] == "applied"
+    assert _weights_wakes(on) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, on["order"]
+    assert on["mismatches"] == 0 and on["garbage"] == 0, on["generates"]
+
+
+def test_resample_wake_order_stands_down_on_4_6_0():
+    """4.6.0 (PR #10109): stands down by version and by probe, nothing wrapped, the same order with and without
+    the shim -- the order the shim gives 4.5.3."""
+    off = run_swift("4.6.0", "--level", "1", "--offload")
+    on = run_swift("4.6.0", "--level", "1", "--offload", "--shim", "--probe", RESAMPLE)
+    assert on["decisions"][RESAMPLE] == "stand down: fixed upstream in 4.6.0"
+    assert on["probes"][RESAMPLE] == ("fixed upstream (RolloutTrainerMixin._fast_infer wakes the weights early "
+                                      "only before a push)")
+    assert on["fast_infer_markers"] == []
+    assert on["order"] == off["order"] and _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
+    assert on["mismatches"] == 0 and off["mismatches"] == 0

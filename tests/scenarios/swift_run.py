@@ -28,8 +28,23 @@ forward computes with (base + the slot of the request's adapter,
 Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
 CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
 device the stand-in simulates (``torch.cuda`` / ``torch.npu``).
+
+``--offload`` (3.10+): ``offload_model`` on, and the trainer gets the release's own
+``GRPOTrainer.offload_context`` (``RolloutTrainerMixin``'s is a placeholder that
+subclasses override). Hardware stand-in for the trainer's model on the device: on a
+GPU, ``load_model``'s ``param.data.to(cuda)`` allocates the model's bytes on the
+device and ``offload_model``'s ``.to("cpu")`` + ``empty_cache()`` gives them back;
+on this CPU torch both are no-ops, so around the release's real ``offload_model`` /
+``load_model`` the scenario books the same bytes on the fake device (the model
+starts on it, as after ``accelerator.prepare``). 4.6.0's ``offload_model`` returns
+whether a tensor left the device: here it answers for the stand-in's placement
+(True where the model was booked on the device), as it would on the GPU. Each move
+is an event (``trainer_to_cpu`` / ``trainer_to_device``) in the stand-in's log, so
+``order`` gives the sequence of moves and wakes, each wake with whether the trainer
+model was on the device and the device's used bytes at that moment.
 """
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -47,6 +62,11 @@ def parse():
     p.add_argument("--cycles", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lora", action="store_true", help="--train_type lora --vllm_enable_lora true (3.10.x)")
+    p.add_argument("--offload", action="store_true",
+                   help="3.10+: --offload_model true, with the release's GRPOTrainer.offload_context (the mixin's is a "
+                        "placeholder) and the trainer model's device memory booked on the fake device")
+    p.add_argument("--probe", action="append", default=[],
+                   help="patch id: also report what its probe says of this release's module (range aside)")
     p.add_argument("--cuda-available", action="store_true",
                    help="after set-up, torch.cuda.is_available() answers True (the hardware a CUDA user has), so "
                         "ms-swift's CUDA-only set_expandable_segments acts")
@@ -115,11 +135,46 @@ def main():
     t.is_multimodal = False
     t.multi_turn_scheduler = None
     t._is_fsdp2 = False  # 4.x: set by the trainer when it prepares FSDP2
+    trainer_on_device, order = None, []  # --offload: the trainer's moves and the engine's wakes, in order
+    if a.offload:
+        try:
+            from swift.rlhf_trainers.grpo_trainer import GRPOTrainer
+        except ImportError:  # 3.x
+            from swift.trainers.rlhf_trainer.grpo_trainer import GRPOTrainer
+        from vllm._fake import log_event
+        from vllm._fake.device import DEVICE
+
+        Trainer.offload_context = GRPOTrainer.offload_context  # the release's own
+        args.offload_model = True
+        t.ref_model = None
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        trainer_on_device = [DEVICE.allocate(model_bytes, label="trainer model")]  # after accelerator.prepare
+        real_offload, real_load = t.offload_model, t.load_model
+
+        def offload_model(m):
+            moved = real_offload(m)
+            if m is model and trainer_on_device[0] is not None:
+                DEVICE.free(trainer_on_device[0])
+                DEVICE.empty_cache()  # offload_model's torch.cuda.empty_cache()
+                trainer_on_device[0] = None
+                log_event("trainer_to_cpu", nbytes=model_bytes)
+                order.append({"event": "trainer_to_cpu", "step": t.state.global_step})
+                return True
+            return moved
+
+        def load_model(m):
+            real_load(m)
+            if m is model and trainer_on_device[0] is None:
+                trainer_on_device[0] = DEVICE.allocate(model_bytes, label="trainer model")
+                log_event("trainer_to_device", nbytes=model_bytes)
+                order.append({"event": "trainer_to_device", "step": t.state.global_step})
+
+        t.offload_model, t.load_model = offload_model, load_model
     if legacy:  # the attributes GRPOTrainer.__init__ sets for a colocate rollout (3.9.3 grpo_trainer.py ~175-330)
         from swift.llm import RequestConfig
         for k, v in dict(vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                          vllm_tensor_parallel_size=1, use_vllm=True, use_fast_infer=True, async_generate=False,
-                         enable_offload=False, enable_server_multi_turn=False, dynamic_num_samples=False,
+                         enable_offload=a.offload, enable_server_multi_turn=False, dynamic_num_samples=False,
                          use_gym_env=False, vllm_use_async_engine=False, _last_loaded_step=-1,
                          completion_length_limit_scope=args.completion_length_limit_scope).items():
             setattr(t, k, v)
@@ -147,6 +202,18 @@ def main():
         return result
 
     engine_cls.sleep = observed_sleep
+    if a.offload:
+        original_wake = engine_cls.wake_up
+
+        @functools.wraps(original_wake)  # ms-swift reads the signature for `tags`
+        def observed_wake(self, *args_, **kwargs):
+            tags = kwargs.get("tags", args_[0] if args_ else None)
+            result = original_wake(self, *args_, **kwargs)
+            order.append({"event": "wake_up", "tags": tags, "step": t.state.global_step,
+                          "trainer_on_device": trainer_on_device[0] is not None, "used": DEVICE.used()})
+            return result
+
+        engine_cls.wake_up = observed_wake
     if a.cuda_available:
         torch.cuda.is_available = lambda: True
     if legacy:  # GRPOTrainer.__init__: engine build, then the first sleep
@@ -229,8 +296,13 @@ def main():
         for _ in range(a.cycles):
             t._fast_infer(make_inputs())
 
-    from shim import patching
+    from shim import patching, registry
 
+    probes = {}
+    for patch_id in a.probe:  # the probe alone, whatever the version range decided
+        row = next(r for r in registry.index() if r[0] == patch_id)
+        record = next(p for p in registry.patch_module(row[1]).PATCHES if p.id == patch_id)
+        probes[patch_id] = record.probe(importlib.import_module(record.module))
     owner = next(c for c in type(t).__mro__ if "_fast_infer" in vars(c))  # the release's own class
     tracked = runner.weights_alloc.nbytes if hasattr(runner.weights_alloc, "nbytes") else None
     print(json.dumps({
@@ -242,9 +314,12 @@ def main():
                                                       "PYTORCH_NPU_ALLOC_CONF")},
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], patching.MARKER, None),
+        "fast_infer_markers": patching.markers(vars(owner)["_fast_infer"]),
         "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
                    if "shim.verify" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
+        "order": order,
+        "probes": probes,
     }))
 
 

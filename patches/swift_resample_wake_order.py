@@ -1,0 +1,193 @@
+"""ms-swift 3.6-4.5.x: a same-step rollout wakes vLLM's weights before the trainer is offloaded.
+
+Upstream: modelscope/ms-swift#10109 (PR: colocate offload and vLLM wake-up ordering), fixed in 4.6.0 (not in
+          3.x); its other half, reloading only the models offload_context moved (#9793), is not this patch
+Affects:  ms-swift >=4.0.0,<4.6.0 (swift.rlhf_trainers), >=3.10.0,<4.0.0 (swift.trainers.rlhf_trainer rollout
+          mixin, 3.12.6 included) and >=3.6.0,<3.10.0 (GRPOTrainer) colocate rollouts with --sleep_level 1 and
+          --offload_model / --offload_optimizer, a second rollout in one training step (GRPO dynamic sampling,
+          GKD per micro-batch, evaluation)
+Remove:   when the shim's minimum supported ms-swift is >=4.6.0
+
+``RolloutTrainerMixin._fast_infer`` (4.0.0-4.5.3 and 3.10.0-3.12.6; before 3.10 ``GRPOTrainer._fast_infer``,
+from 3.6.0, where ``offload_context`` appeared: the same wake order in every release) wakes the
+weights (``wake_up(tags=["weights"])``) whenever the engine sleeps, pushes the trained weights when
+``global_step`` changed (3.11.1+: or ``sleep_level == 2``), and only then enters ``offload_context()``, which
+moves the trainer's model and optimizer off the device, and wakes the ``kv_cache``. When no push is
+needed (a second rollout in the same step at level 1), the early weights wake buys nothing: the
+trainer and vLLM's weights sit on the device together, an OOM where both do not fit. 4.6.0 wakes the
+weights early only when it pushes, otherwise together with the KV cache inside ``offload_context``
+(``tags = ["weights", "kv_cache"]``). The shim does the same, for one ``_fast_infer`` call at a time:
+when the rollout needs no push and the trainer is offloaded (``enable_offload``), the early
+``wake_up(tags=["weights"])`` is held back and the later ``wake_up(tags=["kv_cache"])`` becomes
+``wake_up(tags=["weights", "kv_cache"])``. Every other rollout runs as upstream wrote it. A
+``wake_up`` without ``tags`` (vLLM before tagged wakes) is left alone. Stands down by probe where
+``_fast_infer`` already decides the wake on ``needs_weight_sync`` (4.6.0).
+
+Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
+order in 4.0.0-4.5.3, the same fix in 4.6.0).
+"""
+from shim.patching import Patch
+
+_FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
+_EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
+_LATE = "wake_up(tags=['kv_cache'])"
+_MISSING = object()
+_logged = False
+
+
+def _wake_tags(engine) -> bool:
+    import inspect
+
+    try:
+        return "tags" in inspect.signature(engine.wake_up).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _defer(instance) -> "object | None":
+    """The vLLM engine whose weights wake this ``_fast_infer`` call should move after the offload, or None
+    (upstream's order is kept). The same conditions as 4.6.0's ``colocate_sleeping and not
+    needs_weight_sync``, plus: the trainer is offloaded (otherwise the order changes nothing) and both
+    tags are asleep."""
+    train_args = instance.args
+    if instance.vllm_mode != "colocate" or not getattr(train_args, "sleep_level", 0) > 0:
+        return None
+    if not getattr(instance, "enable_offload", False):
+        return None
+    if train_args.sleep_level == 2 or instance.state.global_step != instance._last_loaded_step:
+        return None  # a push follows: the weights must be awake while the trainer is still on the device
+    executor = instance.engine.inner_model_executor
+    if not executor.is_sleeping:
+        return None
+    asleep = getattr(executor, "sleeping_tags", None)
+    if asleep is not None and not {"weights", "kv_cache"} <= set(asleep):
+        return None
+    engine = instance.engine.engine
+    return engine if _wake_tags(engine) else None
+
+
+def _fast_infer(wrapped, instance, args, kwargs):
+    global _logged
+    from shim import log
+
+    try:
+        engine = _defer(instance)
+    except Exception as exc:  # an attribute this release does not have: upstream's order
+        log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
+        engine = None
+    if engine is None:
+        return wrapped(*args, **kwargs)
+    original = engine.wake_up  # bound: the class's wake_up with every wrapper on it
+    held = []
+
+    def wake_up(tags=None):
+        if tags is not None and list(tags) == ["weights"] and not held:
+            held.append(True)  # the early wake, before offload_context: held back
+            return None
+        if tags is not None and list(tags) == ["kv_cache"] and held == [True]:
+            held.append(False)  # inside offload_context: the trainer is off the device now
+            return original(tags=["weights", "kv_cache"])
+        return original(tags=tags)
+
+    try:
+        own = vars(engine).get("wake_up", _MISSING)
+        engine.wake_up = wake_up
+    except Exception as exc:  # an engine that takes no attribute (no __dict__, a proxy): upstream's order
+        log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
+        return wrapped(*args, **kwargs)
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        if own is _MISSING:
+            vars(engine).pop("wake_up", None)
+        else:
+            engine.wake_up = own
+    if held == [True, False]:
+        log.event("swift-resample-wake-order: same-step rollout without a weight push: vLLM's weights woken "
+                  "with the KV cache after offload_context (as ms-swift 4.6.0)", important=not _logged)
+        _logged = True
+    return result
+
+
+def _probe_class(cls, name: str, own: bool):
+    import inspect
+
+    fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
+    if fast is None or not hasattr(cls, "offload_context"):
+        return f"upstream shape changed: {name}._fast_infer/offload_context not found"
+    source = inspect.getsource(fast)
+    if any(marker in source for marker in _FIXED):
+        return f"fixed upstream ({name}._fast_infer wakes the weights early only before a push)"
+    early = min((i for i in (source.find(e) for e in _EARLY) if i >= 0), default=-1)
+    context, late = source.find("with context()"), source.find(_LATE)
+    if not (0 <= early < context < late) or "_last_loaded_step" not in source:
+        return (f"upstream shape changed: {name}._fast_infer does not wake the weights before offload_context "
+                "and the kv_cache inside it")
+    return None
+
+
+def probe(module):
+    """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    if cls is None:
+        return "upstream shape changed: RolloutTrainerMixin not found"
+    return _probe_class(cls, "RolloutTrainerMixin", own=False)
+
+
+def probe_grpo(module):
+    """3.6.0-3.9.x: ``GRPOTrainer``'s own ``_fast_infer`` (3.6-3.7 spell the early wake
+    ``wake_up(tags=['weights'])``, 3.8-3.9 through ``kwargs``)."""
+    cls = getattr(module, "GRPOTrainer", None)
+    if cls is None:
+        return "upstream shape changed: GRPOTrainer not found"
+    return _probe_class(cls, "GRPOTrainer", own=True)
+
+
+def apply(module, patcher):
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
+
+
+def apply_grpo(module, patcher):
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", _fast_infer)
+
+
+PATCH = Patch(
+    id="swift-resample-wake-order",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=4.0.0,<4.6.0",
+    fixed_in="4.6.0",
+    module="swift.rlhf_trainers.rollout_mixin",
+    apply=apply,
+    probe=probe,
+    summary="RolloutTrainerMixin._fast_infer: a same-step rollout without a push wakes vLLM's weights after "
+            "offload_context, with the KV cache (as ms-swift 4.6.0)",
+    verified="CPU: real ms-swift 4.5.3 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in; "
+             "4.6.0 stands down",
+)
+
+PATCH_3X = Patch(
+    id="swift-resample-wake-order-3x",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=3.10.0,<4.0.0",
+    module="swift.trainers.rlhf_trainer.rollout_mixin",
+    apply=apply,
+    probe=probe,
+    summary="3.x RolloutTrainerMixin._fast_infer: the same order as 4.6.0 (no 3.x release has it)",
+    verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in",
+)
+
+PATCH_GRPO = Patch(
+    id="swift-grpo-resample-wake-order",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=3.6.0,<3.10.0",
+    module="swift.trainers.rlhf_trainer.grpo_trainer",
+    apply=apply_grpo,
+    probe=probe_grpo,
+    summary="3.6-3.9 GRPOTrainer._fast_infer: the same order as 4.6.0 (no 3.x release has it)",
+    verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
+)
+
+PATCHES = [PATCH, PATCH_3X, PATCH_GRPO]
