@@ -22,7 +22,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shim import cli, config  # noqa: E402
-from tests.trl_support import run_trl  # noqa: E402
+from tests.support.trl_support import run_trl  # noqa: E402
 
 COLUMNS = (
     ("logp difference", "TRL's sampling/sampling_logp_difference/mean, mean |log p(vLLM) - log p(trainer)| per "

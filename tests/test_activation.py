@@ -5,7 +5,7 @@ import subprocess
 import sys
 import venv
 
-from tests.helpers import DATA, REPO, clean_env, rendezvous_port, run_python
+from tests.support.helpers import DATA, REPO, clean_env, rendezvous_port, run_python
 
 PROBE = "import json, os, shim; print(json.dumps({'active': shim.is_active(), 'pid': os.getpid()}))"
 
@@ -126,7 +126,7 @@ def test_status_when_disabled_says_so():
 
 
 def test_doctor_affected_trl_without_always_on_exits_1():
-    from tests.envs import trl_path
+    from tests.support.envs import trl_path
 
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(trl_path("1.9.2"))]))
     proc = subprocess.run([sys.executable, "-m", "shim", "doctor"], env=env, capture_output=True, text=True, cwd=str(REPO))

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, clean_env
+from tests.support.helpers import REPO, clean_env
 
 DEMO = REPO / "examples" / "trl_grpo_sleep_demo.py"
 

@@ -1,7 +1,7 @@
 """Patch engine: lazy hooks, decisions, idempotence, rollback (each case in a fresh interpreter)."""
 import pytest
 
-from tests.helpers import DATA, TOY_SITE, clean_env, last_json, run_python
+from tests.support.helpers import DATA, TOY_SITE, clean_env, last_json, run_python
 
 PATH = [TOY_SITE, DATA]
 

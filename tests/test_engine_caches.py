@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.envs import trl_path
-from tests.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
-from tests.stand_in import FAKEVLLM, run
+from tests.support.envs import trl_path
+from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
+from tests.support.stand_in import FAKEVLLM, run
 
 SCENARIO = REPO / "tests" / "scenarios" / "trl_vlm_run.py"
 

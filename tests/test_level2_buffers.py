@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stand_in import run
+from tests.support.stand_in import run
 
 BODY = """
 llm = new_llm()
@@ -77,7 +77,7 @@ def test_real_gold_wakes_kv_cache_first(version, tmp_path):
     (``trl-gold-weights-asleep``) then wakes and pushes the weights. Without this patch the
     kv_cache wake itself faults in the buffer restore; with it, every rollout runs on the
     trainer's weights."""
-    from tests.trl_support import run_trl
+    from tests.support.trl_support import run_trl
 
     with pytest.raises(AssertionError, match="_restore_saved_buffers"):
         run_trl(version, tmp_path / "off", "--trainer", "gold", "--shim", "before",

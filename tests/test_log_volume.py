@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from shim import config, log, telemetry
-from tests.helpers import REPO, clean_env, run_python
+from tests.support.helpers import REPO, clean_env, run_python
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 CYCLES = 60

@@ -19,8 +19,8 @@ import textwrap
 import pytest
 
 from shim import config, metrics
-from tests.helpers import clean_env, last_json, run_python
-from tests.trl_support import run_trl
+from tests.support.helpers import clean_env, last_json, run_python
+from tests.support.trl_support import run_trl
 
 LOGP = "sampling/sampling_logp_difference/mean"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stand_in import run
+from tests.support.stand_in import run
 
 CYCLES = 50
 WORKSPACE_MB = 240

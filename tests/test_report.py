@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from shim import cli, telemetry
-from tests.helpers import REPO, clean_env
+from tests.support.helpers import REPO, clean_env
 
 GiB = 1 << 30
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None

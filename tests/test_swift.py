@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.swift_support import run_swift
+from tests.support.swift_support import run_swift
 
 # 3.9.3: GRPOTrainer's own _fast_infer (3.2.1-3.9.x; tag-wise wake as 3.6-3.9); 3.10.x: the rollout mixin;
 # 3.11.1: the mixin with the fix cherry-picked (#7017); 4.6.0: pushes after every level-2 sleep.
@@ -76,7 +76,7 @@ print(json.dumps({"decision": patching.decisions()[p.id].text(),
 def test_level2_probe_stands_down_where_fixed(version, fixed):
     """The probe alone (range widened past the fix): 3.11.1's cherry-pick of #7017 stands it down with nothing
     wrapped; on 3.10.1 the same widened record applies (the probe does not stand down a buggy release)."""
-    from tests.swift_support import run_in_swift
+    from tests.support.swift_support import run_in_swift
 
     result = run_in_swift(version, ["-c", PROBE_CHILD])
     if fixed:
@@ -157,8 +157,8 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
     torchrun agent and both ranks, read from each process's own activation record in SHIM_TRACE."""
     import json
 
-    from tests.swift_envs import swift_python
-    from tests.swift_support import run_in_swift, tiny_model
+    from tests.support.swift_envs import swift_python
+    from tests.support.swift_support import run_in_swift, tiny_model
 
     dataset = tmp_path / "data.jsonl"
     dataset.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": t},

@@ -1,6 +1,6 @@
 """ms-swift GKD teacher under ZeRO-3 (#6639) and the memory preflight, on the REAL code.
 
-Each case runs in a fresh interpreter of the ms-swift venv (tests/swift_envs.py,
+Each case runs in a fresh interpreter of the ms-swift venv (tests/support/swift_envs.py,
 real ms-swift, transformers, deepspeed 0.19.8 on CPU, gloo, one rank), with the
 working tree on PYTHONPATH. The child builds ``RLHFArguments`` (rlhf_type=gkd,
 student ``--deepspeed zero2``) and ``SwiftRLHF(args)``, which loads the student and
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import swift_envs
-from tests.helpers import rendezvous_port
+from tests.support.helpers import rendezvous_port
 
 REPO = Path(__file__).resolve().parent.parent
 # 3.10.0 differs from 3.10.1 only in the teacher's model_type detection; SWIFT_GKD_VERSIONS adds it (CI time)

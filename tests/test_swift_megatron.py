@@ -3,7 +3,7 @@
 Both modules import ms-swift's CUDA-only ``set_expandable_segments`` BY NAME from
 ``swift.rlhf_trainers.utils`` (patches ``swift-expandable-segments-megatron`` / ``-ray``).
 Each case runs the REAL ms-swift 4.6.0 modules in a fresh interpreter of its venv
-(tests/swift_envs.py, with megatron-core 0.16.1) on the vLLM stand-in; shim off must
+(tests/support/swift_envs.py, with megatron-core 0.16.1) on the vLLM stand-in; shim off must
 show the bug (asserted), shim on must fix it.
 
 Not real here: ``mcore_bridge``. ms-swift's ``swift.megatron.model`` imports three
@@ -17,7 +17,7 @@ is not driven here.
 """
 import json
 
-from tests.swift_support import run_in_swift, tiny_model
+from tests.support.swift_support import run_in_swift, tiny_model
 
 VERSION = "4.6.0"
 MEGATRON = "swift.megatron.trainers.rollout_mixin"

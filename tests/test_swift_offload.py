@@ -25,8 +25,8 @@ import tempfile
 
 import pytest
 
-from tests.helpers import REPO
-from tests.swift_support import run_in_swift, tiny_model
+from tests.support.helpers import REPO
+from tests.support.swift_support import run_in_swift, tiny_model
 
 SCENARIO = REPO / "tests" / "scenarios" / "swift_offload_run.py"
 PATCH = {"3.10.1": "swift-zero3-offload", "3.9.3": "swift-grpo-zero3-offload"}

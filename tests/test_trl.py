@@ -11,8 +11,8 @@ import functools
 
 import pytest
 
-from tests.envs import TRL_VERSIONS
-from tests.trl_support import run_trl
+from tests.support.envs import TRL_VERSIONS
+from tests.support.trl_support import run_trl
 
 # What each release does without the shim (tests/../notes: the code paths, by version).
 OK, GARBAGE, CHECKPOINT = "ok", "generates from discarded weights", "generates from the initial checkpoint"

@@ -19,7 +19,7 @@ import tempfile
 import pytest
 import torch
 
-from tests.trl_support import run_trl
+from tests.support.trl_support import run_trl
 
 
 @pytest.fixture
@@ -379,7 +379,7 @@ def test_tied_embeddings_compared_once(verify, pair, warnings):
 # the real ms-swift rollout mixin (stand-in engine)
 # ---------------------------------------------------------------------------
 def swift(version: str, **env) -> dict:
-    from tests.swift_support import run_swift
+    from tests.support.swift_support import run_swift
 
     return run_swift(version, "--level", "2", "--shim", env={"SHIM_VERIFY_WEIGHTS": "1", **env})
 

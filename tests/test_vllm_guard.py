@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from tests.helpers import REPO, clean_env, last_json, run_python
+from tests.support.helpers import REPO, clean_env, last_json, run_python
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 GiB = 1 << 30

@@ -31,9 +31,9 @@ exec > >(tee -a "$OUT/run_swift.log") 2>&1
 el() { echo "[run_swift +$(( $(date +%s) - T0 ))s] $*"; }
 
 if [ "$DRY" = 1 ]; then
-  # CPU: the ms-swift 4.6.0 test venv (tests/swift_envs.py) and the vLLM stand-in
+  # CPU: the ms-swift 4.6.0 test venv (tests/support/swift_envs.py) and the vLLM stand-in
   PY=${PY:-$REPO/.envs/swift-4.6.0/bin/python}
-  [ -x "$PY" ] || { el "no $PY (build it: python -m tests.swift_envs 4.6.0)"; exit 1; }
+  [ -x "$PY" ] || { el "no $PY (build it: python -m tests.support.swift_envs 4.6.0)"; exit 1; }
   VK=none
   export PYTHONPATH="$REPO/tests/fakevllm${PYTHONPATH:+:$PYTHONPATH}"
   DRYARG=(--cpu-dry-run)

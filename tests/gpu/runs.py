@@ -40,7 +40,7 @@ class Run:
 
 def trl_paths(specs: list) -> dict:
     """``["1.9.2=/tmp/trl-1.9.2", ...]`` -> {version: path}; a version without a path is
-    installed into .envs/ by tests.envs (needs the package index)."""
+    installed into .envs/ by tests.support.envs (needs the package index)."""
     out = {}
     for spec in specs or []:
         version, _, path = spec.partition("=")
@@ -54,7 +54,7 @@ def trl_path(version: str, paths: dict) -> "str | None":
         return None
     if paths.get(version):
         return paths[version]
-    from tests.envs import trl_path as install
+    from tests.support.envs import trl_path as install
 
     return str(install(version))
 

@@ -6,9 +6,9 @@ test_contract, test_schema = contract_tests("trl_stale_weights")
 
 import pytest  # noqa: E402
 
-from tests.envs import trl_path  # noqa: E402
-from tests.helpers import clean_env, last_json, run_python  # noqa: E402
-from tests.trl_support import fake_site  # noqa: E402
+from tests.support.envs import trl_path  # noqa: E402
+from tests.support.helpers import clean_env, last_json, run_python  # noqa: E402
+from tests.support.trl_support import fake_site  # noqa: E402
 
 STANDS_DOWN = r'''
 import json, sys

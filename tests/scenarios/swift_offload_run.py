@@ -4,7 +4,7 @@
 
 Run with an ms-swift 3.x venv's python (real ms-swift, transformers, deepspeed 0.19.8 CPU build,
 gloo, one rank), tests/fakevllm (a make_site dir) and the repository on PYTHONPATH
-(``tests.swift_support.run_in_swift``). Prints a JSON summary as its last line.
+(``tests.support.swift_support.run_in_swift``). Prints a JSON summary as its last line.
 
 What runs is ms-swift's own: ``GRPOConfig(deepspeed=<ZeRO-3>, offload_model=True, sleep_level=1)``
 (transformers' global ZeRO-3 config), the trainer model loaded by ``get_model_tokenizer`` under

@@ -3,7 +3,7 @@
     python tests/scenarios/swift_run.py --model DIR [--shim] [--level 1|2] [--cycles 2] [--steps 2] [--lora]
 
 Run with an ms-swift venv's python and tests/fakevllm (or a make_site dir) plus
-the repository on PYTHONPATH (``tests.swift_support.run_swift``). Drives the
+the repository on PYTHONPATH (``tests.support.swift_support.run_swift``). Drives the
 REAL ``RolloutTrainerMixin``: ``_prepare_rollout_params`` and ``_prepare_vllm``
 (engine build through ``_prepare_vllm_engine`` + the first sleep), then
 ``--steps`` training steps of ``--cycles`` ``_fast_infer`` calls each (several

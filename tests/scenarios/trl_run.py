@@ -5,7 +5,7 @@
         [--rollout default|openenv]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
-do this through ``tests.trl_support.run_trl``). ``--shim before`` imports
+do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
 ``shim.auto`` before TRL, ``after`` after TRL's trainer module, ``off`` not at
 all.
 

@@ -5,7 +5,7 @@
 (``contract_child.py`` imports torch and transformers once, then forks one process per case,
 before anything of the shim or the patched upstream module is imported) against a REAL
 upstream release that the patch affects (the TRL
-releases of ``tests/envs.py``, the ms-swift venvs of ``tests/swift_envs.py``, the vLLM
+releases of ``tests/support/envs.py``, the ms-swift venvs of ``tests/support/swift_envs.py``, the vLLM
 stand-in for vLLM's GPU engine):
 
 - ``before``: activate before the upstream import, then activate twice: applied, wrapped once;
@@ -30,7 +30,7 @@ import tempfile
 
 import pytest
 
-from tests.helpers import REPO, clean_env
+from tests.support.helpers import REPO, clean_env
 
 CHILD = REPO / "tests" / "support" / "contract_child.py"
 CASES = ("before", "after", "out_of_range", "shape", "apply_raises")
@@ -79,21 +79,21 @@ MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}
 def _environment(kind: str, release: str):
     env = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                     HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    from tests.trl_support import fake_site, vllm_for
+    from tests.support.trl_support import fake_site, vllm_for
 
     if kind == "trl":
-        from tests.envs import trl_path
+        from tests.support.envs import trl_path
 
         python, vllm = sys.executable, vllm_for(release)
         path = [trl_path(release), fake_site(vllm)]
     elif kind.startswith("swift"):
-        from tests.swift_envs import swift_python, swift_pythonpath
-        from tests.swift_support import vllm_for as swift_vllm_for
+        from tests.support.swift_envs import swift_python, swift_pythonpath
+        from tests.support.swift_support import vllm_for as swift_vllm_for
 
         python, vllm = str(swift_python(release)), swift_vllm_for(release)
         path = [fake_site(vllm), *swift_pythonpath(release)]
     elif kind == "vllm-npu":  # the stand-in in NPU mode, with vllm-ascend metadata
-        from tests.stand_in import site
+        from tests.support.stand_in import site
 
         python, vllm = sys.executable, release
         path = [site(release, "npu")]
@@ -112,7 +112,7 @@ def module_results(module_name: str) -> dict:
     computed once per pytest run: the test workers of one run share it through a file under
     ``.envs/contract-runs/<run id>/`` (pytest-xdist's run id, one per session), written under an
     exclusive lock by the first worker that needs it."""
-    from tests.envs import _FileLock
+    from tests.support.envs import _FileLock
 
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
     folder = REPO / ".envs" / "contract-runs" / run_id

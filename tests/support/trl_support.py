@@ -7,8 +7,8 @@ import os
 import shutil
 import tempfile
 
-from tests.envs import trl_path
-from tests.helpers import REPO, clean_env, last_json, rendezvous_port, run_python, stand_in_site_dir
+from tests.support.envs import trl_path
+from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port, run_python, stand_in_site_dir
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 SCENARIO = REPO / "tests" / "scenarios" / "trl_run.py"

@@ -8,9 +8,9 @@ import subprocess
 import tempfile
 
 from shim.alloc_guard import ENV_VARS as ALLOC_VARS
-from tests.helpers import REPO, clean_env, last_json, rendezvous_port
-from tests.swift_envs import swift_python, swift_pythonpath
-from tests.trl_support import fake_site
+from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port
+from tests.support.swift_envs import swift_python, swift_pythonpath
+from tests.support.trl_support import fake_site
 
 SCENARIO = REPO / "tests" / "scenarios" / "swift_run.py"
 
@@ -22,7 +22,7 @@ def vllm_for(swift_version: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def tiny_model() -> str:
-    from tests.helpers import run_python
+    from tests.support.helpers import run_python
 
     target = REPO / ".envs" / "tiny-model"
     if not (target / "config.json").exists():

@@ -36,8 +36,8 @@ only the missing packages installed in place, then a new marker.
 
 Command line::
 
-    python -m tests.swift_envs 3.10.1 4.6.0     # build (if needed), print each python path
-    python -m tests.swift_envs all              # every version in SWIFT_VERSIONS
+    python -m tests.support.swift_envs 3.10.1 4.6.0     # build (if needed), print each python path
+    python -m tests.support.swift_envs all              # every version in SWIFT_VERSIONS
 """
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ import sys
 import tempfile
 import time
 
-from tests.envs import EnvError, _FileLock, build_cli
+from tests.support.envs import EnvError, _FileLock, build_cli
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 TESTS_DIR = REPO_ROOT / "tests"
 ENVS_DIR = REPO_ROOT / ".envs"
 
@@ -279,7 +279,7 @@ def _build_and_report(version: str) -> pathlib.Path:
 
 def main(argv: list | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    return build_cli(argv, "usage: python -m tests.swift_envs VERSION [VERSION ...] | all", SWIFT_VERSIONS,
+    return build_cli(argv, "usage: python -m tests.support.swift_envs VERSION [VERSION ...] | all", SWIFT_VERSIONS,
                      _series, _build_and_report)
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import textwrap
 
-from tests.helpers import REPO, clean_env, last_json, run_python, stand_in_site_dir
+from tests.support.helpers import REPO, clean_env, last_json, run_python, stand_in_site_dir
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 

@@ -12,9 +12,9 @@ An existing directory is used as is: no network.
 
 Command line::
 
-    python -m tests.envs trl 1.9.2 0.25.1 ...   # prebuild, prints one dir per line
-    python -m tests.envs trl all                # every version in TRL_VERSIONS
-    python -m tests.envs all                    # same ("trl" is optional)
+    python -m tests.support.envs trl 1.9.2 0.25.1 ...   # prebuild, prints one dir per line
+    python -m tests.support.envs trl all                # every version in TRL_VERSIONS
+    python -m tests.support.envs all                    # same ("trl" is optional)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENVS_DIR = REPO_ROOT / ".envs"
 
 # Releases the suite covers (latest patch of each minor with vLLM colocate + sleep
@@ -150,7 +150,7 @@ def trl_path(version: str) -> pathlib.Path:
 
 
 def build_cli(argv: list, usage: str, all_versions, check, build) -> int:
-    """The command line of the env builders (this module, ``tests.swift_envs``): ``VERSION ... | all``.
+    """The command line of the env builders (this module, ``tests.support.swift_envs``): ``VERSION ... | all``.
     Every version is checked before any is built; one path per version on stdout; a bad version
     or a failed build is one line on stderr and exit 1, bad usage exit 2."""
     if not argv or any(a.startswith("-") for a in argv):
@@ -172,7 +172,7 @@ def build_cli(argv: list, usage: str, all_versions, check, build) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m tests.envs [trl] VERSION [VERSION ...] | python -m tests.envs [trl] all"
+    usage = "usage: python -m tests.support.envs [trl] VERSION [VERSION ...] | python -m tests.support.envs [trl] all"
     if argv[:1] == ["trl"]:
         argv = argv[1:]
     return build_cli(argv, usage, TRL_VERSIONS, _check_version, trl_path)
