@@ -2,8 +2,10 @@
 
 ``contract_tests("<patch module>")`` returns the test functions for one patch module; each
 ``tests/patches/test_<module>.py`` binds them. Every case runs in its own process
-(``contract_child.py`` imports torch and transformers once, then forks one process per case,
-before anything of the shim or the patched upstream module is imported) against a REAL
+(``contract_child.py`` imports torch and transformers once per release, for every patch that
+release tests, then forks one process per case, before anything of the shim or the patched
+upstream module is imported; the cases that import upstream first fork from a parent that
+imported it) against a REAL
 upstream release that the patch affects (the TRL
 releases of ``tests/support/envs.py``, the ms-swift venvs of ``tests/support/swift_envs.py``, the vLLM
 stand-in for vLLM's GPU engine):
@@ -74,6 +76,8 @@ TARGETS = {
 }
 # patch module -> switches its cases run with (the verify-only records stand down while their switch is off)
 MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}
+CASE_ENV = "CONTRACT_CASE_ENV"
+"""JSON ``{patch id: {var: value}}``: what ``contract_child.py`` sets in a case's fork (MODULE_ENV)."""
 
 
 def _environment(kind: str, release: str):
@@ -107,60 +111,58 @@ def _environment(kind: str, release: str):
 
 
 @functools.lru_cache(maxsize=None)
-def module_results(module_name: str) -> dict:
-    """``{(patch id, case): result dict or traceback str}`` for every case of a patch module,
-    computed once per pytest run: the test workers of one run share it through a file under
-    ``.envs/contract-runs/<run id>/`` (pytest-xdist's run id, one per session), written under an
-    exclusive lock by the first worker that needs it."""
+def group_results(kind: str, release: str) -> dict:
+    """``{(patch id, case): result dict or traceback str}`` for every case of every patch whose
+    TARGETS entry is ``(kind, release)``: one interpreter pays the imports every case of that
+    release shares (``contract_child.py`` forks per case), computed once per pytest run. The test
+    workers of one run share it through a file under ``.envs/contract-runs/<run id>/``
+    (pytest-xdist's run id, one per session), written under an exclusive lock by the first
+    worker that needs it."""
     from tests.support.envs import _FileLock
 
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
     folder = REPO / ".envs" / "contract-runs" / run_id
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{module_name}.json"
-    with _FileLock(folder / f".{module_name}.lock", timeout=3600.0):
+    name = f"{kind}-{release}"
+    path = folder / f"{name}.json"
+    with _FileLock(folder / f".{name}.lock", timeout=3600.0):
         if not path.exists():
-            results = _compute(module_name)
+            results = _compute(kind, release)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps([[pid, case, out] for (pid, case), out in results.items()]))
             os.replace(tmp, path)
     return {(pid, case): out for pid, case, out in json.loads(path.read_text())}
 
 
-def _compute(module_name: str) -> dict:
+def _compute(kind: str, release: str) -> dict:
     from shim import registry
 
-    groups = {}
-    for pid in [row[0] for row in registry.index() if row[1] == module_name]:
-        groups.setdefault(TARGETS[pid], []).append(pid)
+    modules = {row[0]: row[1] for row in registry.index()}
+    pids = [pid for pid in modules if TARGETS.get(pid) == (kind, release)]
+    python, env = _environment(kind, release)
+    env[CASE_ENV] = json.dumps({pid: MODULE_ENV[modules[pid]] for pid in pids if modules[pid] in MODULE_ENV})
     results = {}
-    for (kind, release), pids in groups.items():
-        python, env = _environment(kind, release)
-        env.update(MODULE_ENV.get(module_name, {}))
-        with tempfile.TemporaryDirectory(prefix="contract-") as out:
-            args = [f"{pid}:{case}" for pid in pids for case in CASES]
-            extra = (["--megatron"] if kind == "swift-megatron" else []) + (["--swift"] if kind.startswith("swift") else [])
-            proc = subprocess.run([python, str(CHILD), out, *extra, *args], env=env, capture_output=True, text=True,
-                                  timeout=1200, cwd=str(REPO))
-            for arg in args:
-                pid, case = arg.split(":")
-                ok, err = os.path.join(out, arg + ".json"), os.path.join(out, arg + ".err")
-                if os.path.exists(ok):
-                    with open(ok) as f:
-                        results[pid, case] = json.load(f)
-                elif os.path.exists(err):
-                    with open(err) as f:
-                        results[pid, case] = f.read()
-                else:
-                    results[pid, case] = f"no result (exit {proc.returncode})\nSTDERR:\n{proc.stderr[-4000:]}"
+    with tempfile.TemporaryDirectory(prefix="contract-") as out:
+        args = [f"{pid}:{case}" for pid in pids for case in CASES]
+        extra = (["--megatron"] if kind == "swift-megatron" else []) + (["--swift"] if kind.startswith("swift") else [])
+        proc = subprocess.run([python, str(CHILD), out, *extra, *args], env=env, capture_output=True, text=True,
+                              timeout=1800, cwd=str(REPO))
+        for arg in args:
+            pid, case = arg.split(":")
+            ok, err = os.path.join(out, arg + ".json"), os.path.join(out, arg + ".err")
+            if os.path.exists(ok):
+                with open(ok) as f:
+                    results[pid, case] = json.load(f)
+            elif os.path.exists(err):
+                with open(err) as f:
+                    results[pid, case] = f.read()
+            else:
+                results[pid, case] = f"no result (exit {proc.returncode})\nSTDERR:\n{proc.stderr[-4000:]}"
     return results
 
 
 def run_case(patch_id: str, case: str) -> dict:
-    from shim import registry
-
-    module = next(row[1] for row in registry.index() if row[0] == patch_id)
-    out = module_results(module)[patch_id, case]
+    out = group_results(*TARGETS[patch_id])[patch_id, case]
     if isinstance(out, str):
         raise AssertionError(f"{patch_id} {case}:\n{out}")
     return out

@@ -2,6 +2,8 @@
 
     python contract_child.py OUT_DIR [--megatron] [--swift] PATCH_ID:CASE ...
 
+``CONTRACT_CASE_ENV`` (JSON ``{patch id: {var: value}}``): set in that patch's case forks.
+
 The interpreter imports the heavy third-party libraries the upstream module needs (torch,
 transformers; never the patched distribution, the shim or the upstream module itself), then
 FORKS one process per case: each case starts from that state with no shim imported, runs, and
@@ -114,8 +116,6 @@ is a lazy module, so none of the TRL modules other patches hook is imported by i
 
 def main():
     import importlib
-    import os
-    import traceback
 
     out_dir, args = sys.argv[1], sys.argv[2:]
     if "--megatron" in args:
@@ -130,25 +130,68 @@ def main():
     for name in preload:  # the expensive part, paid once; nothing of the shim or the patched code
         importlib.import_module(name)
     assert not any(m == "shim" or m.startswith("shim.") for m in sys.modules)
-    for arg in args:
-        pid, case = arg.split(":")
-        pid_ = os.fork()
-        if pid_ == 0:
-            code = 0
-            try:
-                result = run_case(pid, case)
-                with open(os.path.join(out_dir, f"{arg}.json"), "w") as f:
-                    json.dump(result, f)
-            except BaseException:
-                code = 1
-                with open(os.path.join(out_dir, f"{arg}.err"), "w") as f:
-                    f.write(traceback.format_exc())
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        os.waitpid(pid_, 0)
+    # Cases that activate first fork from this state; the ones that import the upstream module first
+    # (``after``, ``shape``) then fork from a parent that imported the batch's upstream modules once
+    # (their own import is what they would repeat: seconds per case for ms-swift's). Only the shim
+    # stays out of the parent: each case activates its one patch in its own fork.
+    cold = [a for a in args if a.split(":")[1] not in WARM]
+    warm = [a for a in args if a.split(":")[1] in WARM]
+    for arg in cold:
+        _fork_case(out_dir, arg)
+    if warm:
+        _import_upstream([a.split(":")[0] for a in warm])
+        assert not any(m == "shim" or m.startswith("shim.") for m in sys.modules)
+    for arg in warm:
+        _fork_case(out_dir, arg)
 
+
+WARM = ("after", "shape")
+"""Cases that import the upstream module before they activate the shim."""
+
+
+def _import_upstream(pids) -> None:
+    """The upstream modules the patches ``pids`` hook, read from ``patches/__init__.py``'s INDEX
+    without importing the shim (it stays out of the parent)."""
+    import importlib
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "_contract_index", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                        "patches", "__init__.py"))
+    index = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(index)
+    modules = {row[0]: row[2] for row in index.INDEX}
+    for pid in dict.fromkeys(pids):
+        try:
+            importlib.import_module(modules[pid])
+        except Exception:  # the case itself imports it again and reports what fails
+            pass
+
+
+def _fork_case(out_dir, arg) -> None:
+    """Run one ``PATCH_ID:CASE`` in a forked child of this process; wait for it."""
+    import os
+    import traceback
+
+    pid, case = arg.split(":")
+    pid_ = os.fork()
+    if pid_ == 0:
+        code = 0
+        try:
+            os.environ.update(json.loads(os.environ.get("CONTRACT_CASE_ENV") or "{}").get(pid, {}))
+            result = run_case(pid, case)
+            with open(os.path.join(out_dir, f"{arg}.json"), "w") as f:
+                json.dump(result, f)
+        except BaseException:
+            code = 1
+            with open(os.path.join(out_dir, f"{arg}.err"), "w") as f:
+                f.write(traceback.format_exc())
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.waitpid(pid_, 0)
 
 if __name__ == "__main__":
     main()
