@@ -23,6 +23,7 @@ INDEX = (
     ("swift-grpo-resample-wake-order", "swift_resample_wake_order", "swift.trainers.rlhf_trainer.grpo_trainer"),
     ("swift-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-grpo-level2-resync", "swift_level2_resync", "swift.trainers.rlhf_trainer.grpo_trainer"),
+    ("swift-level2-lora-adapter", "swift_level2_resync", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-expandable-segments", "swift_expandable_segments", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-expandable-segments-4x", "swift_expandable_segments", "swift.rlhf_trainers.rollout_mixin"),
     ("swift-expandable-segments-megatron", "swift_expandable_segments", "swift.megatron.trainers.rollout_mixin"),

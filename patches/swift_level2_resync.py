@@ -1,10 +1,13 @@
-"""ms-swift 3.2.1-3.11.0 rollouts generate from discarded weights after a level-2 sleep.
+"""ms-swift 3.2.1-3.12 rollouts generate from discarded weights (or without the adapter) after a level-2 sleep.
 
 Upstream: modelscope/ms-swift, no issue filed; fixed by PR #7017 in 3.12.0 and cherry-picked to 3.11.1
-          (`or args.sleep_level == 2` in `_fast_infer` and in `_move_model_to_vllm`'s full-push condition)
+          (`or args.sleep_level == 2` in `_fast_infer` and in `_move_model_to_vllm`'s full-push condition);
+          with vLLM LoRA, 3.12.0 merges the adapter into every full push (4.0.2: pushes it after)
 Affects:  ms-swift >=3.2.1,<3.11.1 colocate rollouts with --sleep_level 2 (3.2.1-3.9.x: GRPOTrainer._fast_infer;
-          3.10.0-3.11.0: RolloutTrainerMixin._fast_infer)
-Remove:   when the shim's minimum supported ms-swift is >=3.11.1
+          3.10.0-3.11.0: RolloutTrainerMixin._fast_infer); with --vllm_enable_lora, >=3.11.1,<3.12.0
+          (swift-level2-lora-adapter: RolloutTrainerMixin._move_full_model_to_vllm)
+Remove:   each record when the shim's minimum supported ms-swift is past its range (>=3.11.1; the LoRA
+          adapter record >=3.12.0)
 
 ``_fast_infer`` wakes the weights and pushes the trained weights only when
 ``global_step != _last_loaded_step``; 3.10-3.11.0 with LoRA (``vllm_enable_lora``)
@@ -21,6 +24,14 @@ adapter too (``_move_adapter_to_vllm``), as 4.x's ``_move_full_model_to_vllm`` d
 (3.11.1's cherry-pick pushes only the base there, and every later sync is a full one:
 its rollouts never see the trained adapter). Both records stand down by probe where
 ``_fast_infer`` already pushes after ``sleep_level == 2``.
+
+``swift-level2-lora-adapter`` is that last gap in the releases that have the level-2 push:
+3.11.1-3.11.3 push the full model at every level-2 sync (``_move_model_to_vllm``: ``... or
+args.sleep_level == 2``), with vLLM LoRA the base weights only (``_move_full_model_to_vllm`` merges
+the adapter only ``if should_merge_adapter``), and never the adapter: every rollout after the
+first sync runs without the trained adapter. 3.12.0 merges the adapter into every full push,
+4.0.2 pushes it after one (read in the wheels). The shim pushes the adapter after the full push;
+it stands down by probe where ``_move_full_model_to_vllm`` merges or pushes the adapter itself.
 """
 from shim.patching import Patch
 
@@ -74,6 +85,29 @@ def probe(module):
     return _probe_class(cls, "RolloutTrainerMixin", own=False)
 
 
+def probe_lora(module):
+    import inspect
+
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    names = ("_move_model_to_vllm", "_move_full_model_to_vllm", "_move_adapter_to_vllm")
+    if cls is None or not all(hasattr(cls, m) for m in names):
+        return "upstream shape changed: RolloutTrainerMixin._move_model_to_vllm/_move_full_model_to_vllm/" \
+               "_move_adapter_to_vllm not found"
+    try:
+        full, move = inspect.getsource(cls._move_full_model_to_vllm), inspect.getsource(cls._move_model_to_vllm)
+    except (OSError, TypeError) as exc:
+        return f"upstream shape changed: RolloutTrainerMixin push methods not readable ({exc})"
+    if "_move_adapter_to_vllm" in full or "should_merge_adapter" not in full:
+        return "fixed upstream (RolloutTrainerMixin._move_full_model_to_vllm merges or pushes the adapter)"
+    if _FIXED not in move:
+        return "upstream shape changed: _move_model_to_vllm does not push the full model after sleep_level == 2"
+    return None
+
+
+def apply_lora(module, patcher):
+    patcher.wrap(module.RolloutTrainerMixin, "_move_full_model_to_vllm", _move_full_model_to_vllm)
+
+
 def probe_grpo(module):
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
@@ -117,4 +151,20 @@ PATCH_GRPO = Patch(
     verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
 )
 
-PATCHES = [PATCH, PATCH_GRPO]
+PATCH_LORA = Patch(
+    id="swift-level2-lora-adapter",
+    issue="ms-swift 3.11.1-3.12 level-2 LoRA gap",
+    distribution="ms-swift",
+    affected=">=3.11.1,<3.12.0",
+    fixed_in="3.12.0",
+    module="swift.trainers.rlhf_trainer.rollout_mixin",
+    apply=apply_lora,
+    probe=probe_lora,
+    summary="RolloutTrainerMixin._move_full_model_to_vllm: with vLLM LoRA at level 2, the trainer's adapter "
+            "pushed after the base weights (as ms-swift 4.0.2+ does)",
+    verified="CPU: real ms-swift 3.11.1 with --train_type lora --vllm_enable_lora true --sleep_level 2 on the vLLM "
+             "stand-in's LoRA layers: no adapter at step 1 without the shim, the trained one with it; 3.12.3 stands "
+             "down by probe",
+)
+
+PATCHES = [PATCH, PATCH_GRPO, PATCH_LORA]

@@ -54,6 +54,45 @@ def test_level2_lora_rollouts_use_trained_weights():
     assert all(g["slot"] >= 0 for g in on["generates"] if g["step"] == 1), on["generates"]  # the adapter applied
 
 
+def test_level2_lora_adapter_pushed_3_11_1():
+    """3.11.1 (the cherry-pick of #7017) pushes the full model at every level-2 sync, with vLLM LoRA the base
+    weights only, never the adapter: without the shim the rollouts after the first sync run with no adapter
+    (asserted); with ``swift-level2-lora-adapter`` the trained adapter is pushed after the base and applied at
+    every generate (effective weights = the trainer's merged ones)."""
+    off = run_swift("3.11.1", "--level", "2", "--lora")
+    assert off["mismatches"] > 0, off["generates"]
+    assert all(g["slot"] < 0 and not g["loras"] for g in off["generates"] if g["step"] == 1), off["generates"]
+    on = run_swift("3.11.1", "--level", "2", "--lora", "--shim")
+    assert on["decisions"]["swift-level2-lora-adapter"] == "applied"
+    assert len(on["generates"]) == 4 and on["mismatches"] == 0, on["generates"]
+    assert all(g["slot"] >= 0 for g in on["generates"]), on["generates"]
+
+
+LORA_PROBE_CHILD = r"""
+import json
+from shim import patching
+from shim.registry import patch_module
+p = patch_module("swift_level2_resync").PATCH_LORA
+wide = patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected=">=3.11.1,<4.0.0",
+                      module=p.module, apply=p.apply, probe=p.probe)
+patching.activate([wide])
+import swift.trainers.rlhf_trainer.rollout_mixin as m
+print(json.dumps({"decision": patching.decisions()[p.id].text(),
+                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)["_move_full_model_to_vllm"], patching.MARKER,
+                                        None)}))
+"""
+
+
+def test_level2_lora_adapter_probe_stands_down_on_3_12():
+    """3.12.x merges the adapter into every full push: with the range widened past 3.12.0 the probe alone
+    stands ``swift-level2-lora-adapter`` down, nothing wrapped."""
+    from tests.support.swift_support import run_in_swift
+
+    assert run_in_swift("3.12.3", ["-c", LORA_PROBE_CHILD]) == {
+        "decision": "stand down: fixed upstream (RolloutTrainerMixin._move_full_model_to_vllm merges or pushes the "
+                    "adapter)", "wrapped_by": None}
+
+
 PROBE_CHILD = r"""
 import json
 from shim import patching

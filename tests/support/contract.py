@@ -46,6 +46,7 @@ TARGETS = {
     "trl-gold-weights-asleep": ("trl", "0.29.1"),
     "swift-level2-resync": ("swift", "3.10.1"),
     "swift-grpo-level2-resync": ("swift", "3.9.3"),
+    "swift-level2-lora-adapter": ("swift", "3.11.1"),
     "swift-resample-wake-order": ("swift", "4.5.3"),
     "swift-resample-wake-order-3x": ("swift", "3.10.1"),
     "swift-grpo-resample-wake-order": ("swift", "3.9.3"),
