@@ -26,87 +26,12 @@ when the rollout needs no push and the trainer is offloaded (``enable_offload``)
 Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
 order in 4.0.0-4.5.3, the same fix in 4.6.0).
 """
+from shim import swift_wake_order
 from shim.patching import Patch
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
 _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
 _LATE = "wake_up(tags=['kv_cache'])"
-_MISSING = object()
-_logged = False
-
-
-def _wake_tags(engine) -> bool:
-    import inspect
-
-    try:
-        return "tags" in inspect.signature(engine.wake_up).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _defer(instance) -> "object | None":
-    """The vLLM engine whose weights wake this ``_fast_infer`` call should move after the offload, or None
-    (upstream's order is kept). The same conditions as 4.6.0's ``colocate_sleeping and not
-    needs_weight_sync``, plus: the trainer is offloaded (otherwise the order changes nothing) and both
-    tags are asleep."""
-    train_args = instance.args
-    if instance.vllm_mode != "colocate" or not getattr(train_args, "sleep_level", 0) > 0:
-        return None
-    if not getattr(instance, "enable_offload", False):
-        return None
-    if train_args.sleep_level == 2 or instance.state.global_step != instance._last_loaded_step:
-        return None  # a push follows: the weights must be awake while the trainer is still on the device
-    executor = instance.engine.inner_model_executor
-    if not executor.is_sleeping:
-        return None
-    asleep = getattr(executor, "sleeping_tags", None)
-    if asleep is not None and not {"weights", "kv_cache"} <= set(asleep):
-        return None
-    engine = instance.engine.engine
-    return engine if _wake_tags(engine) else None
-
-
-def _fast_infer(wrapped, instance, args, kwargs):
-    global _logged
-    from shim import log
-
-    try:
-        engine = _defer(instance)
-    except Exception as exc:  # an attribute this release does not have: upstream's order
-        log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
-        engine = None
-    if engine is None:
-        return wrapped(*args, **kwargs)
-    original = engine.wake_up  # bound: the class's wake_up with every wrapper on it
-    held = []
-
-    def wake_up(tags=None):
-        if tags is not None and list(tags) == ["weights"] and not held:
-            held.append(True)  # the early wake, before offload_context: held back
-            return None
-        if tags is not None and list(tags) == ["kv_cache"] and held == [True]:
-            held.append(False)  # inside offload_context: the trainer is off the device now
-            return original(tags=["weights", "kv_cache"])
-        return original(tags=tags)
-
-    try:
-        own = vars(engine).get("wake_up", _MISSING)
-        engine.wake_up = wake_up
-    except Exception as exc:  # an engine that takes no attribute (no __dict__, a proxy): upstream's order
-        log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
-        return wrapped(*args, **kwargs)
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        if own is _MISSING:
-            vars(engine).pop("wake_up", None)
-        else:
-            engine.wake_up = own
-    if held == [True, False]:
-        log.event("swift-resample-wake-order: same-step rollout without a weight push: vLLM's weights woken "
-                  "with the KV cache after offload_context (as ms-swift 4.6.0)", important=not _logged)
-        _logged = True
-    return result
 
 
 def _probe_class(cls, name: str, own: bool):
@@ -144,11 +69,11 @@ def probe_grpo(module):
 
 
 def apply(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", swift_wake_order.fast_infer)
 
 
 def apply_grpo(module, patcher):
-    patcher.wrap(module.GRPOTrainer, "_fast_infer", _fast_infer)
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", swift_wake_order.fast_infer)
 
 
 PATCH = Patch(
