@@ -48,6 +48,8 @@ INDEX = (
     ("verify-weights-swift", "verify_weights", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("verify-weights-swift-4x", "verify_weights", "swift.rlhf_trainers.rollout_mixin"),
     ("trainer-metrics", "trainer_metrics", "transformers.trainer"),
+    ("trainer-metrics-swift", "trainer_metrics", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    ("trainer-metrics-swift-4x", "trainer_metrics", "swift.rlhf_trainers.rollout_mixin"),
 )
 
 REMOVED = {}

@@ -4,7 +4,9 @@ Upstream: none (a feature). Asked for in huggingface/trl#5312 (a stale-weights d
           ``sampling/sampling_logp_difference/mean``), vllm#52689 and verl#6666 (prove a weight sync landed),
           vllm-ascend#12073 (prove a sleep freed memory)
 Affects:  transformers >=4.38.0 (``Trainer.log(logs, start_time)``), every trainer whose ``log`` reaches
-          ``transformers.trainer.Trainer.log``: TRL's (GRPO, RLOO, OnlineDPO, GOLD, ...) and ms-swift's
+          ``transformers.trainer.Trainer.log``: TRL's (GRPO, RLOO, OnlineDPO, GOLD, ...) and ms-swift's;
+          ms-swift's weight pushes counted in ms-swift >=3.10.0,<4.0.0 and >=4.0.0 (rollout mixin; 3.2.1-3.9.x
+          not counted)
 Remove:   never (a feature); the alarm when trainers check their own weight syncs
 
 One wrapper on the base ``Trainer.log`` (``shim.metrics.wrap_log``), the last
@@ -15,6 +17,10 @@ logp difference to the alarm. Why not a ``TrainerCallback``: ``Trainer.log``
 appends to ``log_history`` before it calls ``on_log`` (read in transformers
 4.57.6), so a callback cannot add to what is recorded. Stands down where
 ``Trainer.log`` has no ``logs`` parameter.
+
+``trainer-metrics-swift`` / ``-4x``: ms-swift pushes the trained weights itself
+(``RolloutTrainerMixin._move_model_to_vllm``, no path of the shim's): each push
+that returned is one ``shim/weight_pushes`` (``shim.metrics.count_push``).
 """
 from shim.patching import Patch
 
@@ -57,4 +63,29 @@ PATCH = Patch(
              "with trl-stale-weights disabled, silent with it on",
 )
 
-PATCHES = [PATCH]
+def _probe_swift(module):
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    if not callable(getattr(cls, "_move_model_to_vllm", None)):
+        return "upstream shape changed: RolloutTrainerMixin._move_model_to_vllm not found"
+    return None
+
+
+def _apply_swift(module, patcher):
+    from shim import metrics
+
+    patcher.wrap(module.RolloutTrainerMixin, "_move_model_to_vllm", metrics.count_push)
+
+
+def _swift(patch_id, affected, module):
+    return Patch(id=patch_id, issue="feature", distribution="ms-swift", affected=affected, module=module,
+                 apply=_apply_swift, probe=_probe_swift,
+                 summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
+                 verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the "
+                          "pushes made")
+
+
+PATCHES = [
+    PATCH,
+    _swift("trainer-metrics-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin"),
+    _swift("trainer-metrics-swift-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin"),
+]

@@ -8,8 +8,9 @@ At every logging step, before the trainer records its logs:
   once the shim saw an engine), ``shim/gib_freed_per_sleep`` (mean over the
   sleeps since the previous logging step; absent when there were none), and
   every counter of ``shim.telemetry.count`` once it is non-zero
-  (``shim/weight_pushes``: trained weights written into the engine through the
-  shim's push paths of ``shim.synced_llm``; ``shim/rollouts_verified`` / ``shim/rollouts_stale``
+  (``shim/weight_pushes``: trained weights written into the engine, TRL's through the
+  shim's push paths of ``shim.synced_llm``, ms-swift's each ``_move_model_to_vllm``
+  (:func:`count_push`); ``shim/rollouts_verified`` / ``shim/rollouts_stale``
   from weight verification; ...). Counts are per process (rank): the console,
   wandb and tensorboard show rank 0's, as for every other metric;
 - the stale-rollout alarm reads the trainer's own measure of how far vLLM's
@@ -171,6 +172,14 @@ def wrap_log(wrapped, instance, args, kwargs):
         line = f"trainer-metrics: shim figures left out of this log ({type(exc).__name__}: {exc}); training goes on"
         (log.warning if _state["errors"] == 1 else log.debug)(line)
     return wrapped(*args, **kwargs)
+
+
+def count_push(wrapped, instance, args, kwargs):
+    """ms-swift's ``_move_model_to_vllm`` (every weight push of its rollouts, colocate or server):
+    one ``weight_pushes`` once it returned."""
+    result = wrapped(*args, **kwargs)
+    telemetry.count("weight_pushes")
+    return result
 
 
 def _strict() -> bool:

@@ -36,6 +36,9 @@ def test_level2_rollouts_use_trained_weights(version):
     # stood down by behaviour: the release's own _fast_infer is not wrapped by it (3.x: swift-resample-wake-order-3x
     # / swift-grpo-resample-wake-order wrap it too, acting at level 1 only)
     assert (patch_id in on["fast_infer_markers"]) == (expected == "applied"), on["fast_infer_markers"]
+    # shim/weight_pushes (trainer-metrics-swift / -4x): every push the trainer made, counted (3.2.1-3.9.x: not)
+    assert on["pushes"] > 0 and on["weight_pushes"] == (None if version == "3.9.3" else on["pushes"]), on
+    assert off["weight_pushes"] is None
 
 
 def test_level2_lora_rollouts_use_trained_weights():

@@ -226,6 +226,16 @@ def main():
         t.parameter_groups, t.parameter_groups_no_lora = t.split_batches()
 
     runner = t.engine.inner_model_executor.driver_worker.model_runner
+    pushes = [0]
+    if hasattr(t, "_move_model_to_vllm"):  # counted here, outside the shim: the trainer's own pushes
+        own_push = t._move_model_to_vllm  # bound through the class (and any wrapper on it)
+
+        def counted_push(*args_, **kwargs):
+            result = own_push(*args_, **kwargs)
+            pushes[0] += 1
+            return result
+
+        t._move_model_to_vllm = counted_push
     generates = []
     original_run = engine_cls.run_requests
 
@@ -315,6 +325,9 @@ def main():
         "decisions": {k: d.text() for k, d in patching.decisions().items()},
         "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], patching.MARKER, None),
         "fast_infer_markers": patching.markers(vars(owner)["_fast_infer"]),
+        "pushes": pushes[0],
+        "weight_pushes": (sys.modules["shim.telemetry"].totals().get("weight_pushes")
+                          if "shim.telemetry" in sys.modules else None),
         "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
                    if "shim.verify" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],

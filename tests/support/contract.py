@@ -74,6 +74,8 @@ TARGETS = {
     "verify-weights-swift": ("swift", "3.10.1"),
     "verify-weights-swift-4x": ("swift", "4.6.0"),
     "trainer-metrics": ("vllm", "0.24.0"),  # transformers.trainer from tests/requirements.txt (4.57.6)
+    "trainer-metrics-swift": ("swift", "3.10.1"),
+    "trainer-metrics-swift-4x": ("swift", "4.6.0"),
 }
 # patch module -> switches its cases run with (the verify-only records stand down while their switch is off)
 MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}
