@@ -135,7 +135,7 @@ PATCH = Patch(
     probe=probe,
     summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does), "
             "with vLLM LoRA the adapter too (as 4.x does)",
-    verified="CPU: real ms-swift 3.10.0/3.10.1 RolloutTrainerMixin on the vLLM stand-in (3.10.1 also with "
+    verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin on the vLLM stand-in (also with "
              "--train_type lora --vllm_enable_lora true); 3.11.1 stands down",
 )
 

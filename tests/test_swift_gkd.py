@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import swift_envs
+from tests.support import swift_envs
 from tests.support.helpers import rendezvous_port
 
 REPO = Path(__file__).resolve().parent.parent
