@@ -8,16 +8,7 @@ before it stay marked, so the next ``load_model`` still brings them back.
 """
 from __future__ import annotations
 
-from shim import config, log
-
-def _model_arg(wrapped, args, kwargs):
-    import inspect
-
-    try:
-        return inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("model")
-    except TypeError:
-        return None
-
+from shim import call_args, config, log
 
 def _partitioned(model):
     """The ZeRO-3 parameters of ``model`` (DeepSpeed gives each a ``ds_tensor`` partition), or []."""
@@ -93,13 +84,13 @@ def wrappers(current_device):
     def offload_model(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         if not getattr(instance, "_is_fsdp2", False):
-            _extra("offload", lambda: _offload(_model_arg(wrapped, args, kwargs)))
+            _extra("offload", lambda: _offload(call_args.arg(wrapped, args, kwargs, "model")))
         return result
 
     def load_model(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         if not getattr(instance, "_is_fsdp2", False):
-            _extra("load", lambda: _load(_model_arg(wrapped, args, kwargs), current_device()))
+            _extra("load", lambda: _load(call_args.arg(wrapped, args, kwargs, "model"), current_device()))
         return result
 
     return offload_model, load_model

@@ -73,44 +73,35 @@ def test_level2_lora_adapter_pushed_3_11_1():
     assert all(g["slot"] >= 0 for g in on["generates"]), on["generates"]
 
 
-LORA_PROBE_CHILD = r"""
+PROBE_CHILD = r"""
 import json
 from shim import patching
 from shim.registry import patch_module
-p = patch_module("swift_level2_resync").PATCH_LORA
-wide = patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected=">=3.11.1,<4.0.0",
+p = getattr(patch_module("swift_level2_resync"), {record!r})
+# the range widened to include the release: only the probe can stand the patch down now
+wide = patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected={affected!r},
                       module=p.module, apply=p.apply, probe=p.probe)
 patching.activate([wide])
 import swift.trainers.rlhf_trainer.rollout_mixin as m
-print(json.dumps({"decision": patching.decisions()[p.id].text(),
-                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)["_move_full_model_to_vllm"], patching.MARKER,
-                                        None)}))
+print(json.dumps({{"decision": patching.decisions()[p.id].text(),
+                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)[{method!r}], patching.MARKER, None)}}))
 """
+
+
+def probe_alone(version: str, record: str, affected: str, method: str) -> dict:
+    """The decision on ``version`` of ``patches/swift_level2_resync.py``'s ``record`` with its range widened to
+    ``affected``, and the marker left on the rollout mixin's ``method``."""
+    from tests.support.swift_support import run_in_swift
+
+    return run_in_swift(version, ["-c", PROBE_CHILD.format(record=record, affected=affected, method=method)])
 
 
 def test_level2_lora_adapter_probe_stands_down_on_3_12():
     """3.12.x merges the adapter into every full push: with the range widened past 3.12.0 the probe alone
     stands ``swift-level2-lora-adapter`` down, nothing wrapped."""
-    from tests.support.swift_support import run_in_swift
-
-    assert run_in_swift("3.12.3", ["-c", LORA_PROBE_CHILD]) == {
+    assert probe_alone("3.12.3", "PATCH_LORA", ">=3.11.1,<4.0.0", "_move_full_model_to_vllm") == {
         "decision": "stand down: fixed upstream (RolloutTrainerMixin._move_full_model_to_vllm merges or pushes the "
                     "adapter)", "wrapped_by": None}
-
-
-PROBE_CHILD = r"""
-import json
-from shim import patching
-from shim.registry import patch_module
-p = patch_module("swift_level2_resync").PATCH
-# the range widened to include the release: only the probe can stand the patch down now
-wide = patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected=">=3.10.0,<3.12.0",
-                      module=p.module, apply=p.apply, probe=p.probe)
-patching.activate([wide])
-import swift.trainers.rlhf_trainer.rollout_mixin as m
-print(json.dumps({"decision": patching.decisions()[p.id].text(),
-                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)["_fast_infer"], patching.MARKER, None)}))
-"""
 
 
 # ("3.10.1", False) passes too (the widened record applies there); left out for CI time: the level-2
@@ -120,9 +111,7 @@ print(json.dumps({"decision": patching.decisions()[p.id].text(),
 def test_level2_probe_stands_down_where_fixed(version, fixed):
     """The probe alone (range widened past the fix): 3.11.1's cherry-pick of #7017 stands it down with nothing
     wrapped; on 3.10.1 the same widened record applies (the probe does not stand down a buggy release)."""
-    from tests.support.swift_support import run_in_swift
-
-    result = run_in_swift(version, ["-c", PROBE_CHILD])
+    result = probe_alone(version, "PATCH", ">=3.10.0,<3.12.0", "_fast_infer")
     if fixed:
         assert result == {"decision": "stand down: fixed upstream (RolloutTrainerMixin._fast_infer pushes after "
                                       "sleep_level == 2)", "wrapped_by": None}

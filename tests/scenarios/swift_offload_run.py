@@ -115,18 +115,11 @@ def main():
     DEVICE.total = DEVICE.context + 2 * partition_bytes  # the partitions take half of the GPU
     before = [t.clone() for t in partitions()]
 
-    class Trainer(grpo.GRPOTrainer):
-        pass
+    from tests.support.swift_trainer import bare_trainer
 
-    t = Trainer.__new__(Trainer)
-    t.args, t.model, t.template, t.processing_class = args, model, template, tok
-    from accelerate import Accelerator
-    t.accelerator = Accelerator(cpu=True)
-    t.state = type("State", (), {"global_step": 0})()
-    t.is_multimodal = False
-    t.multi_turn_scheduler = None
+    t = bare_trainer(grpo.GRPOTrainer, args, model, template, tok)
+    Trainer = type(t)
     t.ref_model = None
-    t._is_fsdp2 = False
     if legacy:  # the attributes GRPOTrainer.__init__ sets before the engine build (3.9.3 grpo_trainer.py ~175-290)
         from swift.llm import RequestConfig
         for k, v in dict(vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,

@@ -83,7 +83,6 @@ def main():
     import vllm
     from vllm._fake import EVENTS, fingerprint
     from vllm.platforms import current_platform
-    from accelerate import Accelerator
     import swift
     legacy = False  # 3.2-3.9: the colocate rollout code lives in GRPOTrainer itself (no rollout mixin)
     try:
@@ -125,16 +124,10 @@ def main():
         model, tok = get_model_processor(a.model, torch_dtype=torch.float32, model_type="qwen2")
         template = get_template(tok, template_type="qwen")
 
-    class Trainer(RolloutTrainerMixin):
-        pass
+    from tests.support.swift_trainer import bare_trainer
 
-    t = Trainer.__new__(Trainer)
-    t.args, t.model, t.template, t.processing_class = args, model, template, tok
-    t.accelerator = Accelerator(cpu=True)
-    t.state = type("State", (), {"global_step": 0})()
-    t.is_multimodal = False
-    t.multi_turn_scheduler = None
-    t._is_fsdp2 = False  # 4.x: set by the trainer when it prepares FSDP2
+    t = bare_trainer(RolloutTrainerMixin, args, model, template, tok)
+    Trainer = type(t)
     trainer_on_device, order = None, []  # --offload: the trainer's moves and the engine's wakes, in order
     if a.offload:
         try:
