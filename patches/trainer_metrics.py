@@ -23,6 +23,7 @@ appends to ``log_history`` before it calls ``on_log`` (read in transformers
 that returned is one ``shim/weight_pushes`` (``shim.observe.trainer_metrics.count_push``).
 """
 from shim.engine.patch import FEATURE, Patch
+from shim.engine.probes import changed
 
 ID = "trainer-metrics"
 
@@ -33,13 +34,13 @@ def _probe(module):
     trainer = getattr(module, "Trainer", None)
     log = getattr(trainer, "log", None)
     if log is None:
-        return "upstream shape changed: transformers.trainer.Trainer.log not found"
+        return changed("transformers.trainer.Trainer.log not found")
     try:
         params = list(inspect.signature(log).parameters)
     except (TypeError, ValueError):
-        return "upstream shape changed: Trainer.log has no readable signature"
+        return changed("Trainer.log has no readable signature")
     if params[1:2] != ["logs"]:
-        return f"upstream shape changed: Trainer.log{tuple(params)} has no 'logs' first argument"
+        return changed(f"Trainer.log{tuple(params)} has no 'logs' first argument")
     return None
 
 
@@ -68,7 +69,7 @@ PATCH = Patch(
 def _probe_swift(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if not callable(getattr(cls, "_move_model_to_vllm", None)):
-        return "upstream shape changed: RolloutTrainerMixin._move_model_to_vllm not found"
+        return changed("RolloutTrainerMixin._move_model_to_vllm not found")
     return None
 
 

@@ -26,6 +26,7 @@ SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify.weights``):
   design).
 """
 from shim.engine.patch import FEATURE, Patch
+from shim.engine.probes import changed
 from shim.trl import colocate
 
 SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn (0.25-0.27), "
@@ -45,7 +46,7 @@ def _off():
 def _shape(module, class_name, names):
     cls = getattr(module, class_name, None)
     missing = [n for n in names if cls is None or not callable(getattr(cls, n, None))]
-    return f"upstream shape changed: {class_name}.{'/'.join(missing)} not found" if missing else None
+    return changed(f"{class_name}.{'/'.join(missing)} not found") if missing else None
 
 
 # -- vLLM: the check, right before sampling -------------------------------------------------

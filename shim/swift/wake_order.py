@@ -9,6 +9,7 @@ read or set keeps upstream's order.
 from __future__ import annotations
 
 from shim.engine import log
+from shim.vllm import engines
 
 _MISSING = object()
 _logged = False
@@ -38,8 +39,8 @@ def _defer(instance) -> "object | None":
     executor = instance.engine.inner_model_executor
     if not executor.is_sleeping:
         return None
-    asleep = getattr(executor, "sleeping_tags", None)
-    if asleep is not None and not {"weights", "kv_cache"} <= set(asleep):
+    asleep = engines.executor_tags(executor)
+    if asleep is not None and not set(engines.TAGS) <= asleep:
         return None
     engine = instance.engine.engine
     return engine if _wake_tags(engine) else None

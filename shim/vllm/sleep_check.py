@@ -2,7 +2,7 @@
 (patches ``vllm-sleep-check`` on ``LLMEngine`` and ``vllm-llm-sleep-check`` on ``vllm.LLM``).
 
 No double counting: ``LLM.sleep`` delegates to ``LLMEngine.sleep`` (likewise
-``wake_up``), state is keyed by the engine (``shim.vllm.sleep_state.engine_of``) and
+``wake_up``), state is keyed by the engine (``shim.vllm.engines.engine_of``) and
 only the OUTERMOST wrapper of a call on one engine acts: it puts a
 ``sleep_state.Call`` on the engine's ``SleepState`` for the duration of the
 call, and an inner wrapper that finds one of its thread passes straight
@@ -46,7 +46,7 @@ from contextlib import contextmanager
 
 from shim.engine import call_args, config, log
 from shim.observe import events
-from shim.vllm import alloc_guard, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict, wake_plan
+from shim.vllm import alloc_guard, engines, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict, wake_plan
 
 _ids = itertools.count(1)
 
@@ -97,11 +97,8 @@ def _vllm_releases_before_wake() -> bool:
 
 def _executor_asleep(engine) -> "bool | None":
     """Every tag asleep per vLLM's executor (``sleeping_tags``); None where it does not say."""
-    executor = wake_plan.executor_of(engine)
-    tags = getattr(executor, "sleeping_tags", None)
-    if not isinstance(tags, (set, frozenset, list, tuple)):
-        return None
-    return bool(getattr(executor, "is_sleeping", bool(tags))) and set(tags) >= set(wake_plan.TAGS)
+    tags = engines.reported_asleep(engine)
+    return None if tags is None else tags >= set(engines.TAGS)
 
 
 # ---------------------------------------------------------------------------
@@ -127,13 +124,13 @@ def _init(wrapped, instance, args, kwargs, full_gc):
     t0 = time.perf_counter()
     result = wrapped(*args, **kwargs)  # an exception reaches the caller as it is: nothing to undo
     seconds = time.perf_counter() - t0
-    engine = sleep_state.engine_of(instance)
+    engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
     if state.built:  # the engine's own check recorded it (LLM.__init__ builds an LLMEngine inside)
         return result
     state.built = True
     name = _name(engine, state)
-    mode = wake_plan.engine_sleep_mode(engine)
+    mode = engines.sleep_mode(engine)
     state.sleep_mode = want if mode is None else mode
     state.init_routes = routes or list(state.guard_saw)  # guard_saw: this check ran inside the guard
     if probe is None:
@@ -158,14 +155,14 @@ def _init(wrapped, instance, args, kwargs, full_gc):
 # ---------------------------------------------------------------------------
 def check_sleep(wrapped, instance, args, kwargs):
     entered = time.perf_counter()
-    engine = sleep_state.engine_of(instance)
+    engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
     if _inner(state):
         return wrapped(*args, **kwargs)
     level = call_args.arg(wrapped, args, kwargs, "level", 1)
     level = level if isinstance(level, int) else None
     probe = memory.probe()
-    if probe is None or wake_plan.executor_of(engine) is None or level is None or level < 1:
+    if probe is None or engines.executor_of(engine) is None or level is None or level < 1:
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:
@@ -180,10 +177,10 @@ def check_sleep(wrapped, instance, args, kwargs):
 def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
     name = _name(engine, state)
     if state.sleep_mode is None:
-        state.sleep_mode = wake_plan.engine_sleep_mode(engine)
+        state.sleep_mode = engines.sleep_mode(engine)
     asleep = wake_plan.asleep_tags(engine)
     note = ""
-    if asleep and asleep >= set(wake_plan.TAGS):
+    if asleep and asleep >= set(engines.TAGS):
         t0 = time.perf_counter()
         result = wrapped(*args, **kwargs)  # vLLM: no-op with a warning
         free, total = probe.mem_get_info()
@@ -286,13 +283,13 @@ def _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked,
 # ---------------------------------------------------------------------------
 def check_wake(wrapped, instance, args, kwargs):
     entered = time.perf_counter()
-    engine = sleep_state.engine_of(instance)
+    engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
     if _inner(state):
         return wrapped(*args, **kwargs)
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     probe = memory.probe()
-    if wake_plan.executor_of(engine) is None:
+    if engines.executor_of(engine) is None:
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:

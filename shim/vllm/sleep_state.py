@@ -49,7 +49,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-TAGS = ("weights", "kv_cache")
+from shim.vllm.engines import TAGS, engine_of, reported_asleep
 
 
 @dataclass
@@ -111,11 +111,6 @@ _states: "weakref.WeakKeyDictionary[Any, SleepState]" = weakref.WeakKeyDictionar
 _by_id: dict = {}  # fallback for engines that cannot be weakly referenced
 
 
-def engine_of(obj: Any) -> Any:
-    """The object that owns the sleep state: ``LLM.llm_engine`` or the engine itself."""
-    return getattr(obj, "llm_engine", None) or obj
-
-
 def state_for(obj: Any) -> SleepState:
     engine = engine_of(obj)
     with _lock:
@@ -169,10 +164,9 @@ def resync(obj: Any, level: Optional[int] = None) -> SleepState:
     part of the weights: they count as discarded (a push is always safe). Never raises."""
     state = state_for(obj)
     try:
-        executor = getattr(engine_of(obj), "model_executor", None)
-        tags = getattr(executor, "sleeping_tags", None)
-        if isinstance(tags, (set, frozenset, list, tuple)):
-            state.asleep = set(tags) & set(TAGS) if getattr(executor, "is_sleeping", bool(tags)) else set()
+        tags = reported_asleep(obj)
+        if tags is not None:
+            state.asleep = tags & set(TAGS)
         if level is not None and level >= 2:
             state.weights_valid = False
             state.weights_pushed = False

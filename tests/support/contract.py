@@ -160,6 +160,9 @@ def check_case(patch_id: str, case: str) -> None:
         assert out["changes"] == [], out
         if case == "shape":
             assert out["deleted"], out
+            from shim.engine import probes
+
+            assert probes.is_changed(out["reason"]), out  # one format, logged as a WARNING
     elif case == "apply_raises":
         assert out["decision"] == "failed" and "contract: apply fails" in out["reason"], out
         assert out["made"] > 0 and out["exact"] and out["markers_left"] == [], out
