@@ -50,7 +50,7 @@ def _shape(module, class_name, names):
 
 # -- vLLM: the check, right before sampling -------------------------------------------------
 def _before_generate(wrapped, instance, args, kwargs):
-    from shim import verify
+    from shim.verify import weights as verify
 
     verify.before_generate(instance)
     return wrapped(*args, **kwargs)
@@ -70,7 +70,8 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
     site = f"{class_name}.{method}"
 
     def wrapper(wrapped, instance, args, kwargs):
-        from shim import synced_llm, verify
+        from shim import synced_llm
+        from shim.verify import weights as verify
 
         llm = getattr(instance, llm_attr, None)
         if llm is None or not predicate(instance) or synced_llm.owned_by_swift(instance):
@@ -89,7 +90,7 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
 
 # -- ms-swift: no LLM.generate; verify before the rollout's inference -------------------------
 def _swift_infer(wrapped, instance, args, kwargs):
-    from shim import verify
+    from shim.verify import weights as verify
 
     train_args = getattr(instance, "args", None)
     engine = getattr(instance, "engine", None)

@@ -321,8 +321,8 @@ def main():
         "pushes": pushes[0],
         "weight_pushes": (sys.modules["shim.telemetry"].totals().get("weight_pushes")
                           if "shim.telemetry" in sys.modules else None),
-        "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
-                   if "shim.verify" in sys.modules else None),
+        "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
+                   if "shim.verify.weights" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
         "order": order,
         "probes": probes,
