@@ -584,6 +584,60 @@ def test_trl_1_9_2_exact_mode():
     assert r["verify"]["verified"] == len(r["generates"]) - r["mismatches"]
 
 
+SKIPPED = "model.layers.0.self_attn.k_proj.weight"
+"""The tensor the partial push leaves out: not among the 8 fixed matrices the old sampled mode compared
+on this model (it compared q_proj, v_proj, gate_proj, down_proj of layer 0, ...), so that mode never saw it."""
+
+
+@functools.lru_cache(maxsize=None)
+def partial_push(mode: str) -> dict:
+    return run_trl("1.10.0", tempfile.mkdtemp(prefix=f"verify-partial-{mode}-"), "--trainer", "grpo",
+                   "--shim", "before", "--skip-push", SKIPPED, env={"SHIM_VERIFY_WEIGHTS": mode})
+
+
+def test_trl_1_10_0_partial_push_exact_every_rollout():
+    """Every push misses one tensor; level 2 leaves it discarded: exact reports every rollout at once."""
+    r = partial_push("exact")
+    assert r["decisions"]["verify-weights-trl"] == "applied"
+    assert r["mismatches"] == len(r["generates"]) > 0  # the bug shows (the test's own observation)
+    assert r["verify"]["stale"] == r["mismatches"] and r["verify"]["verified"] == 0
+    stale = [w for w in r["shim_warnings"] if "stale weights" in w]
+    assert stale and all(SKIPPED in w for w in stale) and "stale at 1 of 1 " in stale[0], stale
+
+
+def test_trl_1_10_0_partial_push_sample_within_its_window():
+    """Sample mode: the skipped tensor is in one slice of every ceil(mapped / 8) consecutive checks."""
+    import math
+    import re
+
+    r = partial_push("sample")
+    assert r["mismatches"] == len(r["generates"]) > 0
+    info = next(m for lvl, m in r["shim_log"] if "comparing" in m)
+    mapped = int(re.search(r"comparing (\d+) of", info).group(1))
+    span = math.ceil(mapped / 8)
+    checks = r["verify"]["stale"] + r["verify"]["verified"]
+    assert checks == len(r["generates"]) >= span, (info, r["verify"])
+    assert r["verify"]["stale"] >= checks // span > 0, r["verify"]
+    stale = [w for w in r["shim_warnings"] if "stale weights" in w]
+    first = int(re.search(r"stale at 1 of (\d+) ", stale[0]).group(1))
+    assert first <= span and SKIPPED in stale[0], stale[0]
+
+
+def test_trl_1_10_0_engine_half_standing_down_is_loud():
+    """An ``LLM`` without ``chat``: the vLLM half stands down by its probe, the trainer half applies; every
+    rollout is unverifiable, one WARNING says why, the status reason names it."""
+    r = run_trl("1.10.0", tempfile.mkdtemp(prefix="verify-nochat-"), "--trainer", "grpo", "--shim", "after",
+                "--drop-llm-chat", env={"SHIM_VERIFY_WEIGHTS": "1"})
+    assert r["decisions"]["verify-weights-vllm"] == "stand down: upstream shape changed: LLM.chat not found"
+    assert r["decisions"]["verify-weights-trl"] == "applied"
+    assert r["verify"]["verified"] == r["verify"]["stale"] == 0
+    assert r["verify"]["unverifiable"] == len(r["generates"]) > 0
+    loud = [w for w in r["shim_warnings"] if "not running" in w]
+    assert len(loud) == 1 and "LLM.chat not found" in loud[0], r["shim_warnings"]
+    assert "verify-weights-vllm stand down: upstream shape changed" in r["not_running"]["verify-weights-trl"]
+    assert r["metrics"] and r["metrics"][-1].get("shim/rollouts_unverifiable") == len(r["generates"]), r["metrics"]
+
+
 def test_tied_embeddings_compared_once(verify, pair, warnings):
     """``lm_head`` sharing ``embed_tokens``' parameter (HF and vLLM ``tie_word_embeddings``): one tensor,
     compared once, under its first name (the stand-in dry run of the GPU bench failed on this)."""
