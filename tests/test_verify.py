@@ -24,7 +24,7 @@ from tests.support.trl_support import run_trl
 
 @pytest.fixture
 def verify(monkeypatch):
-    from shim import config
+    from shim.engine import config
     from shim.verify import weights as v
 
     monkeypatch.setenv(config.SHIM_VERIFY_WEIGHTS, "1")
@@ -247,7 +247,7 @@ def pair():
 
 @pytest.fixture
 def warnings():
-    from shim import log
+    from shim.engine import log
 
     seen = []
 
@@ -432,7 +432,7 @@ def test_engine_in_another_process_counted_every_rollout(verify, pair, warnings)
         Trainer().rollout(verify, llm, trainer_model)
     assert verify.counts()["unverifiable"] - before == 3
     assert len(warnings) == 1 and "not running" in warnings[0] and "VLLM_ALLOW_INSECURE_SERIALIZATION" in warnings[0]
-    from shim.patching import Decision
+    from shim.engine.patch import Decision
 
     applied = {"verify-weights-vllm": Decision("applied"), "verify-weights-trl": Decision("applied")}
     assert "another process" in verify.not_running_reason("verify-weights-trl", applied)
@@ -459,7 +459,7 @@ def test_peft_trainer_unverifiable_warned_once_counted_always(verify, pair, warn
 
 
 def test_not_running_reason(verify, monkeypatch):
-    from shim.patching import Decision
+    from shim.engine.patch import Decision
 
     shape = Decision("stand down", "upstream shape changed: LLM.generate/chat not found")
     d = {"verify-weights-vllm": shape, "verify-weights-trl": Decision("applied"),
@@ -475,7 +475,7 @@ def test_not_running_reason(verify, monkeypatch):
 
 def test_armed_window_without_a_check_is_unverifiable(verify, pair, warnings, monkeypatch):
     """The trainer half armed the engine but no check ran (its vLLM half stood down)."""
-    from shim.patching import Decision
+    from shim.engine.patch import Decision
 
     trainer_model, llm = pair
     monkeypatch.setattr(verify, "_decisions", lambda: {
@@ -519,14 +519,14 @@ def test_weight_version_tagged_and_named(verify, pair, warnings, monkeypatch, tm
 @pytest.mark.parametrize("value,mode", [("1", "exact"), ("on", "exact"), ("exact", "exact"), ("sample", "sample"),
                                         ("0", ""), ("", "")])
 def test_config_values(monkeypatch, value, mode):
-    from shim import config
+    from shim.engine import config
 
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", value)
     assert config.verify_weights() == mode
 
 
 def test_config_bad_value(monkeypatch):
-    from shim import config
+    from shim.engine import config
 
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", "maybe")
     with pytest.raises(config.ConfigError, match="SHIM_VERIFY_WEIGHTS='maybe' is not valid"):

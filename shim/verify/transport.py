@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from shim import sleep_state
+from shim.vllm import sleep_state
 from shim.verify import compare
 
 

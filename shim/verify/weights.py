@@ -14,10 +14,10 @@ How it is wired (explicit per-engine objects, no thread-locals):
 
 - A trainer-side wrapper (``patches/verify_weights.py``) calls :class:`armed` around the
   trainer's own generate method: it names the trainer model the engine must equal (a
-  :class:`Target`, kept per engine like ``shim.sleep_state``).
+  :class:`Target`, kept per engine like ``shim.vllm.sleep_state``).
 - A vLLM-side wrapper (``vllm.LLM.generate`` / ``chat``) calls :func:`before_generate`:
   when its engine is armed, it verifies. It runs INSIDE every other wrapper the trainer or
-  the shim put around the engine (``shim.synced_llm`` pushes first), so it sees exactly
+  the shim put around the engine (``shim.trl.synced_llm`` pushes first), so it sees exactly
   the weights vLLM is about to sample from.
 
 Modes: ``exact`` (``1``, the default: every mapped tensor at every check) and ``sample``
@@ -37,7 +37,7 @@ step (vLLM stamps its outputs with it); the verification line and the ``verify``
 record (``SHIM_TRACE``) name the engine's version.
 
 Counts (:func:`counts`): ``verified``, ``stale``, ``unverifiable``, ``seconds`` (the shim's
-own time in verification), ``times``; also ``shim.telemetry.count("rollouts_<verdict>")``.
+own time in verification), ``times``; also ``shim.observe.events.count("rollouts_<verdict>")``.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ import threading
 import time
 import weakref
 
-from shim import config, log
+from shim.engine import config, log
 from shim.verify import compare, layout, transport
 
 WARN_FIRST = 5
@@ -96,9 +96,9 @@ def _count(key: str, seconds: "float | None" = None) -> None:
             _counts["seconds"] += seconds
             if len(_times) < 100000:
                 _times.append(seconds)
-    from shim import telemetry
+    from shim.observe import events
 
-    telemetry.count(f"rollouts_{key}")
+    events.count(f"rollouts_{key}")
 
 
 def _requested() -> str:
@@ -133,9 +133,9 @@ def _down(decision) -> "str | None":
 
 
 def _decisions() -> dict:
-    from shim import patching
+    from shim.engine import registry
 
-    return patching.decisions()
+    return registry.decisions()
 
 
 def not_running_reason(patch_id: str, decisions: "dict | None" = None) -> "str | None":
@@ -254,7 +254,7 @@ class armed:
 
 
 def engine_name(llm) -> str:
-    from shim import sleep_state
+    from shim.vllm import sleep_state
 
     engine = transport.vllm_engine(llm)
     state = sleep_state.state_for(engine)
@@ -278,13 +278,6 @@ def trainer_step() -> "int | None":
             return step
         frame = frame.f_back
     return None
-
-
-def _strict() -> bool:
-    try:
-        return config.strict()
-    except config.ConfigError:
-        return False
 
 
 def before_generate(llm) -> None:
@@ -356,14 +349,14 @@ def _trace(llm, target, mode, verdict, step, version, differ, seconds) -> None:
     path = config.trace_path()
     if not path:
         return
-    from shim import telemetry
+    from shim.observe import events
 
-    rec = {"v": telemetry.SCHEMA, "event": "verify", "t": time.time(), "seconds": seconds, "rank": log.rank(),
-           "local_rank": log.local_rank(), "pid": os.getpid(), "host": telemetry.host(),
+    rec = {"v": events.SCHEMA, "event": "verify", "t": time.time(), "seconds": seconds, "rank": log.rank(),
+           "local_rank": log.local_rank(), "pid": os.getpid(), "host": events.host(),
            "engine": engine_name(llm), "site": target.site, "mode": mode, "verdict": verdict, "step": step,
            "weight_version": version, "differing": differ[:SHOW]}
     try:
-        telemetry.write_trace(path, rec)
+        events.write_trace(path, rec)
     except OSError as exc:
         _warn_once(f"trace {path}", f"{config.SHIM_TRACE}={path}: cannot append: {exc}")
 
@@ -426,7 +419,7 @@ def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -
                f"generate from weights that differ from the trainer's ({mode} digests; first differing: {shown}); "
                f"stale at {target.stale} of {target.generates} verified generates of this engine. "
                "A weight push did not land: check `python -m shim status` (a patch disabled or standing down?)")
-    if _strict():
+    if config.strict():
         raise StaleWeights("[shim] " + message)
     if target.stale <= WARN_FIRST or target.stale % WARN_EVERY == 0:
         if target.stale == WARN_FIRST:

@@ -215,9 +215,9 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
                   "median_after_first_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else None}
     decisions = {}
     if "shim" in sys.modules:
-        from shim import patching
+        from shim.engine import registry
 
-        decisions = {k: d.text() for k, d in patching.decisions().items()}
+        decisions = {k: d.text() for k, d in registry.decisions().items()}
     gens = rec.generates
     trained = [g for g in gens if g["step"] > 0]
     steady = rec.step_times[1:] if len(rec.step_times) > 1 else rec.step_times
