@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 
-from shim.vllm import sleep_state
 from shim.verify import compare
+from shim.vllm import sleep_state
 
 
 class Unreachable(RuntimeError):

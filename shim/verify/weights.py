@@ -68,6 +68,7 @@ class StaleWeights(RuntimeError):
 
 _lock = threading.Lock()
 _counts = {"verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
+_read: dict = {}       # bytes one exact check reads: {"engine": ..., "trainer": ...} (the bench's floor)
 _times: list = []      # the shim's own seconds per verification (bench: median cost per generate)
 _targets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _names: dict = {}
@@ -79,6 +80,7 @@ def counts() -> dict:
     with _lock:
         out = dict(_counts)
         out["times"] = list(_times)
+        out["bytes_per_exact_check"] = dict(_read)
         return out
 
 
@@ -392,6 +394,7 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
         ok, _ = layout.mapped(desc, params)
         good = [n for n in good if n in set(ok)]
     target.mode, target.params, target.mapped, target.checks = mode, params, good, 0
+    _note_bytes(target.descs, good, params)
     total = len(first["params"])
     if not good:
         target.disabled = f"no engine tensor maps to a trainer tensor (of {total}; e.g. {', '.join(bad[:SHOW])})"
@@ -410,6 +413,24 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
              f"trainer's before each generate ({mode}: {what}; exact digests on the device; "
              f"{len(target.descs)} worker(s), {transport.where(llm)})")
     return True
+
+
+def _note_bytes(descs: dict, names: list, params: dict) -> None:
+    """What one exact check reads: every worker's mapped engine bytes, the trainer slices they map."""
+    import torch
+
+    engine = trainer = 0
+    for desc in descs.values():
+        for name in names:
+            d = desc["params"][name]
+            n = math.prod(d["shape"]) if d["shape"] else 1
+            engine += n * getattr(torch, d["dtype"]).itemsize
+            lay = d["layout"]
+            for piece in lay["pieces"]:
+                part = n if lay.get("scalar") else n // d["shape"][lay["dim"]] * piece[2]
+                trainer += part * params[piece[0]].element_size()
+    with _lock:
+        _read.update(engine=engine, trainer=trainer)
 
 
 def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -> None:
