@@ -23,10 +23,11 @@ TENSORS = 8
 """Tensors compared per check in ``sample`` mode (whole tensors, every element)."""
 
 
-def window(mapped: list, check: int, per: int = TENSORS) -> list:
+def window(mapped: list, check: int, per: "int | None" = None) -> list:
     """The names of check number ``check`` (0, 1, ...): ``per`` consecutive names, the next
     ``per`` at the next check, wrapping, so any ``ceil(len(mapped) / per)`` consecutive
     checks cover every name."""
+    per = TENSORS if per is None else per
     n = len(mapped)
     if n <= per:
         return list(mapped)
