@@ -584,9 +584,10 @@ def test_trl_1_9_2_exact_mode():
     assert r["verify"]["verified"] == len(r["generates"]) - r["mismatches"]
 
 
-SKIPPED = "model.layers.0.self_attn.k_proj.weight"
+SKIPPED = "model.layers.1.self_attn.v_proj.weight"
 """The tensor the partial push leaves out: not among the 8 fixed matrices the old sampled mode compared
-on this model (it compared q_proj, v_proj, gate_proj, down_proj of layer 0, ...), so that mode never saw it."""
+on this model (q_proj, v_proj, gate_proj, down_proj of layer 0, k_proj, o_proj, up_proj of layer 1, lm_head),
+so that mode never saw it; nor in the first slice of 8 (a rotation stuck on one slice misses it too)."""
 
 
 @functools.lru_cache(maxsize=None)
