@@ -29,7 +29,9 @@ def verify(monkeypatch):
 
     monkeypatch.setenv(config.SHIM_VERIFY_WEIGHTS, "1")
     monkeypatch.delenv(config.SHIM_STRICT, raising=False)
-    return v
+    v.reset()
+    yield v
+    v.reset()
 
 
 # ---------------------------------------------------------------------------
@@ -134,46 +136,43 @@ def engine_model(full: dict, n_kv: int, rank: int, dtype=torch.float32):
     return model.to(dtype)
 
 
-def differing(verify, engine, full: dict, mode: str) -> list:
-    from shim.engine import config
+def differing(engine, full: dict) -> tuple:
+    """One check of every mapped tensor: the engine's digests (on its worker) against the trainer's."""
+    from shim.verify import compare, layout
 
     params = {k: torch.nn.Parameter(v.clone()) for k, v in full.items()}
-    desc = verify.describe(engine)
-    names = verify._select(desc, params, mode)
-    result = verify.fingerprint(engine, {"mode": mode, "names": names, "elements": verify.ELEMENTS})
-    assert config.VERIFY_EXACT == "exact"
-    return verify.compare([result], {desc["rank"]: desc}, {desc["rank"]: names}, params, mode), names
+    desc = layout.describe(engine)
+    names, _ = layout.mapped(desc, params)
+    result = compare.fingerprint(engine, {"names": names})
+    return compare.compare([result], {desc["rank"]: desc}, names, params), names
 
 
 @pytest.mark.parametrize("n_kv", [2, 1], ids=["kv-split", "kv-replicated"])
 @pytest.mark.parametrize("rank", [0, 1])
-@pytest.mark.parametrize("mode", ["exact", "sample"])
-def test_tp_shard_matches_its_slice_only(verify, n_kv, rank, mode):
+def test_tp_shard_matches_its_slice_only(n_kv, rank):
     full = trainer_state(n_kv)
     engine = engine_model(full, n_kv, rank)
-    diff, names = differing(verify, engine, full, mode)
+    diff, names = differing(engine, full)
     assert diff == []
-    expected = {"model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight",
-                "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
-                "model.layers.0.mlp.down_proj.weight"}
-    assert expected <= set(names)  # every sharded layout was understood
-    if mode == "exact":
-        assert {"model.layers.0.self_attn.qkv_proj.bias", "model.layers.0.input_layernorm.weight"} <= set(names)
+    assert {"model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
+            "model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.qkv_proj.bias",
+            "model.layers.0.input_layernorm.weight"} <= set(names)  # every sharded layout was understood
 
-    # One element changed in THIS rank's slice of each trainer tensor: the fused shard differs.
+    # One element changed in THIS rank's slice of each trainer tensor: that engine shard differs. The
+    # vocabulary change is on the slice's LAST row (a slice one row short would miss it).
     kv_rank = rank // (2 // n_kv) if n_kv < 2 else rank
-    for name, row, col in (("self_attn.k_proj.weight", kv_rank * HEAD * max(n_kv // 2, 1), 1),
-                           ("mlp.up_proj.weight", rank * FF // 2 + 3, 2), ("self_attn.o_proj.weight", 5, rank * 8 + 1)):
+    for name, row, col in (("model.layers.0.self_attn.k_proj.weight", kv_rank * HEAD * max(n_kv // 2, 1), 1),
+                           ("model.layers.0.mlp.up_proj.weight", rank * FF // 2 + 3, 2),
+                           ("model.layers.0.self_attn.o_proj.weight", 5, rank * 8 + 1),
+                           ("model.embed_tokens.weight", (rank + 1) * V // 2 - 1, 3)):
         changed = {k: v.clone() for k, v in full.items()}
-        key = "model.layers.0." + name
-        if mode == "sample":
-            changed[key] += 1.0  # every element: whatever the sample holds
-        else:
-            changed[key][row, col] += 0.5
-        diff, _ = differing(verify, engine, changed, mode)
-        fused = {"k_proj": "self_attn.qkv_proj", "up_proj": "mlp.gate_up_proj", "o_proj": "self_attn.o_proj"}
+        changed[name][row, col] += 0.5
+        diff, _ = differing(engine, changed)
+        fused = {"k_proj": "model.layers.0.self_attn.qkv_proj", "up_proj": "model.layers.0.mlp.gate_up_proj",
+                 "o_proj": "model.layers.0.self_attn.o_proj", "embed_tokens": "model.embed_tokens"}
         part = next(v for k, v in fused.items() if k in name)
-        assert diff == [f"model.layers.0.{part}.weight" + (f" (tp rank {rank})" if rank else "")], (name, diff)
+        assert diff == [f"{part}.weight" + (f" (tp rank {rank})" if rank else "")], (name, diff)
 
     # The same change in the OTHER rank's slice is not this rank's business.
     other = 1 - rank
@@ -181,17 +180,31 @@ def test_tp_shard_matches_its_slice_only(verify, n_kv, rank, mode):
     changed["model.layers.0.mlp.gate_proj.weight"][other * FF // 2:(other + 1) * FF // 2] += 1.0
     changed["model.layers.0.self_attn.q_proj.weight"][other * NH * HEAD // 2:(other + 1) * NH * HEAD // 2] += 1.0
     changed["model.embed_tokens.weight"][other * V // 2:(other + 1) * V // 2] += 1.0
-    assert differing(verify, engine, changed, mode)[0] == []
+    assert differing(engine, changed)[0] == []
 
 
-def test_bf16_engine_compares_equal_to_float32_master_weights(verify):
+def test_bf16_engine_compares_equal_to_float32_master_weights():
     """The push rounds the trainer's float32 to the engine's bf16 (``param.copy_``): equal, not stale."""
     full = trainer_state(2)
     engine = engine_model(full, 2, 0, dtype=torch.bfloat16)
-    for mode in ("sample", "exact"):
-        assert differing(verify, engine, full, mode)[0] == []
+    assert differing(engine, full)[0] == []
     nudged = {k: v + 1e-6 for k, v in full.items()}  # below bf16 resolution: what the engine would hold anyway
-    assert differing(verify, engine, nudged, "exact")[0] == []
+    assert differing(engine, nudged)[0] == []
+
+
+def test_bf16_engine_small_change_is_stale():
+    """A bf16 weight the trainer moved by one bf16 step (0.30078125 -> 0.302734375) differs in its bit pattern
+    while its value, cast to an integer, stays 0: compared by value it would pass as equal."""
+    full = trainer_state(2)
+    key = "model.layers.0.mlp.gate_proj.weight"
+    full[key][2, 3] = 0.30078125
+    engine = engine_model(full, 2, 0, dtype=torch.bfloat16)
+    assert differing(engine, full)[0] == []
+    changed = {k: v.clone() for k, v in full.items()}
+    changed[key][2, 3] = 0.302734375  # the next bf16 value (one step of 2**-9)
+    old, new = (torch.tensor(x).to(torch.bfloat16) for x in (0.30078125, 0.302734375))
+    assert old != new and int(old.float()) == int(new.float()) == 0  # the bug a value cast would have
+    assert differing(engine, changed)[0] == ["model.layers.0.mlp.gate_up_proj.weight"]
 
 
 # ---------------------------------------------------------------------------
@@ -295,7 +308,216 @@ def test_weights_asleep_at_generate_is_stale(verify, pair, warnings):
     assert warnings and "weights are asleep" in warnings[0]
 
 
-@pytest.mark.parametrize("value,mode", [("1", "sample"), ("on", "sample"), ("exact", "exact"), ("0", ""), ("", "")])
+# ---------------------------------------------------------------------------
+# the digest: the definition, every single change, permutations, chunking, routes
+# ---------------------------------------------------------------------------
+def test_digest_is_the_definition():
+    from shim.verify import digest
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(64, 200, generator=g)
+    cases = [(torch.randn(37, 51, generator=g), torch.bfloat16), (torch.randn(5, generator=g), torch.float16),
+             (torch.tensor(3.0), torch.bfloat16), (base.narrow(1, 100, 100), torch.bfloat16),  # a strided slice
+             (torch.randn(9, 700, generator=g), torch.float32)]
+    got = digest.digests([t for t, _ in cases], [d for _, d in cases])
+    assert got == [digest.reference(t, d) for t, d in cases]
+    assert got[0] == digest.digests([cases[0][0].to(torch.bfloat16)])[0]  # rounded as the push's copy_ rounds
+    assert len(got[0]) == digest.COLS and len(set(map(tuple, got))) == len(got)
+
+
+def test_digest_sees_every_single_change_and_permutations():
+    from shim.verify import digest
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 1500, generator=g).to(torch.bfloat16)  # 9000 bytes: three hash rows
+    flat = x.reshape(-1)
+    changed = []
+    for i in range(flat.numel()):  # every element, one bf16 step up
+        y = flat.clone()
+        y[i] = torch.nextafter(y[i].float(), torch.tensor(float("inf"))).to(torch.bfloat16) \
+            if y[i].float().nextafter(torch.tensor(float("inf"))).to(torch.bfloat16) != y[i] \
+            else (y[i].float() * 1.01).to(torch.bfloat16)
+        changed.append(y.view(3, 1500))
+    want = digest.digests([x])[0]
+    assert all(d != want for d in digest.digests(changed))
+    swaps = []
+    for i, j in ((0, 1), (10, 2058), (5, 1505), (0, 4499)):  # neighbours, one hash row apart, a tensor row apart
+        y = flat.clone()
+        y[i], y[j] = flat[j], flat[i]
+        assert y.float().sum() == flat.float().sum() and not torch.equal(y, flat)  # a plain sum misses it
+        swaps.append(y.view(3, 1500))
+    assert all(d != want for d in digest.digests(swaps))
+
+
+def test_digest_chunked_and_every_route_agree(monkeypatch):
+    from shim.verify import digest
+
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(300, 64, generator=g), torch.randn(7, generator=g), torch.randn(40, 96, generator=g)]
+    want = [digest.reference(t, torch.bfloat16) for t in ts]
+    monkeypatch.setattr(digest, "BUDGET", 2 * digest.ROW)  # several buffers; the first tensor in chunks
+    monkeypatch.setattr(digest, "_plans", {})
+    assert len(digest.plan([(t.shape, torch.bfloat16) for t in ts]).groups) > 3
+    for name in digest.ROUTES:
+        monkeypatch.setitem(digest._routes, "cpu", name)
+        assert digest.digests(ts, [torch.bfloat16] * 3) == want, name
+
+
+# ---------------------------------------------------------------------------
+# sample mode rotates; a tensor the push never wrote is found
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("per", [1, 3, 8])
+def test_window_covers_every_tensor_within_ceil(per):
+    import math
+
+    from shim.verify import compare
+
+    for n in range(1, 30):
+        names = [f"t{i}" for i in range(n)]
+        span = math.ceil(n / per)
+        for first in range(2 * span + 1):
+            seen = set()
+            for check in range(first, first + span):
+                window = compare.window(names, check, per)
+                assert len(window) == min(per, n)
+                seen.update(window)
+            assert seen == set(names), (n, per, first)
+
+
+@pytest.mark.parametrize("mode", ["sample", "exact"])
+def test_tensor_never_pushed_is_found(verify, pair, warnings, monkeypatch, mode):
+    """The engine's ``input_layernorm`` keeps what it held (a push that missed it): exact reports it
+    at the first check, sample within ceil(mapped / TENSORS) checks, whichever slice it starts at."""
+    import math
+
+    from shim.verify import compare
+
+    monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", mode)
+    monkeypatch.setattr(compare, "TENSORS", 2)  # 7 mapped tensors here: 4 slices
+    trainer_model, llm = pair
+    engine = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    with torch.no_grad():
+        getattr(engine.model.layers, "0").input_layernorm.weight.add_(0.5)
+    Trainer().rollout(verify, llm, trainer_model)
+    target = verify.target_for(llm)
+    span = 1 if mode == "exact" else math.ceil(len(target.mapped) / compare.TENSORS)
+    assert span == (1 if mode == "exact" else 4)
+    for _ in range(span - 1):
+        Trainer().rollout(verify, llm, trainer_model)
+    assert target.stale >= 1 and any("input_layernorm" in w for w in warnings), (target.mapped, warnings)
+    if mode == "exact":
+        assert target.stale == 1 and len(warnings) == 1
+
+
+# ---------------------------------------------------------------------------
+# never silently off
+# ---------------------------------------------------------------------------
+class RemoteLLM:
+    """An engine in other processes: no in-process worker; ``apply_model`` refuses to ship a function,
+    as vLLM's ``collective_rpc`` does without VLLM_ALLOW_INSECURE_SERIALIZATION."""
+
+    def __init__(self):
+        executor = type("Executor", (), {"sleeping_tags": set(), "is_sleeping": False})()
+        self.llm_engine = type("Engine", (), {"model_executor": executor})()
+
+    def apply_model(self, func):
+        raise TypeError("Object of type <class 'functools.partial'> is not serializable")
+
+
+def test_engine_in_another_process_counted_every_rollout(verify, pair, warnings):
+    trainer_model, _ = pair
+    llm = RemoteLLM()
+    before = verify.counts()["unverifiable"]
+    for _ in range(3):
+        Trainer().rollout(verify, llm, trainer_model)
+    assert verify.counts()["unverifiable"] - before == 3
+    assert len(warnings) == 1 and "not running" in warnings[0] and "VLLM_ALLOW_INSECURE_SERIALIZATION" in warnings[0]
+    from shim.engine.patch import Decision
+
+    applied = {"verify-weights-vllm": Decision("applied"), "verify-weights-trl": Decision("applied")}
+    assert "another process" in verify.not_running_reason("verify-weights-trl", applied)
+
+
+def test_unmapped_engine_tensor_is_a_warning(verify, pair, warnings):
+    trainer_model, llm = pair
+    engine = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    engine.model.extra_scale = torch.nn.Parameter(torch.ones(4), requires_grad=False)  # no trainer tensor
+    Trainer().rollout(verify, llm, trainer_model)
+    Trainer().rollout(verify, llm, trainer_model)
+    assert len(warnings) == 1 and "model.extra_scale" in warnings[0] and "not verified" in warnings[0], warnings
+    assert verify.target_for(llm).generates == 2  # the rest is verified
+
+
+def test_peft_trainer_unverifiable_warned_once_counted_always(verify, pair, warnings):
+    trainer_model, llm = pair
+    trainer_model.peft_config = {"default": object()}
+    before = verify.counts()["unverifiable"]
+    for _ in range(2):
+        Trainer().rollout(verify, llm, trainer_model)
+    assert verify.counts()["unverifiable"] - before == 2
+    assert len(warnings) == 1 and "PEFT" in warnings[0], warnings
+
+
+def test_not_running_reason(verify, monkeypatch):
+    from shim.engine.patch import Decision
+
+    shape = Decision("stand down", "upstream shape changed: LLM.generate/chat not found")
+    d = {"verify-weights-vllm": shape, "verify-weights-trl": Decision("applied"),
+         "verify-weights-trl-grpo": Decision("stand down", "version not in >=0.25.0,<0.28.0"),
+         "verify-weights-swift-4x": Decision("applied")}
+    assert "verify-weights-vllm stand down: upstream shape changed" in verify.not_running_reason("verify-weights-trl", d)
+    assert "upstream shape changed" in verify.not_running_reason("verify-weights-vllm", d)
+    assert verify.not_running_reason("verify-weights-trl-grpo", d) is None  # another release's record
+    assert verify.not_running_reason("verify-weights-swift-4x", d) is None  # checks on its own
+    monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", "0")
+    assert verify.not_running_reason("verify-weights-trl", d) is None  # not asked for
+
+
+def test_armed_window_without_a_check_is_unverifiable(verify, pair, warnings, monkeypatch):
+    """The trainer half armed the engine but no check ran (its vLLM half stood down)."""
+    from shim.engine.patch import Decision
+
+    trainer_model, llm = pair
+    monkeypatch.setattr(verify, "_decisions", lambda: {
+        "verify-weights-vllm": Decision("stand down", "upstream shape changed: LLM.chat not found"),
+        "verify-weights-trl": Decision("applied")})
+    before = verify.counts()["unverifiable"]
+    for _ in range(2):
+        with verify.armed(llm, trainer_model, "Test.rollout"):
+            pass  # LLM.generate ran unwrapped
+    assert verify.counts()["unverifiable"] - before == 2
+    assert len(warnings) == 1 and "LLM.chat not found" in warnings[0], warnings
+
+
+# ---------------------------------------------------------------------------
+# weight version (vLLM >= 0.27.0: LLMEngine.set_weight_version / get_weight_version)
+# ---------------------------------------------------------------------------
+def test_weight_version_tagged_and_named(verify, pair, warnings, monkeypatch, tmp_path):
+    import json
+
+    trainer_model, llm = pair
+    engine = llm.llm_engine
+    engine._weight_version = "default"  # vllm/v1/engine/core.py 0.27.0: EngineCore._weight_version
+    type(engine).set_weight_version = lambda self, v: setattr(self, "_weight_version", v)
+    type(engine).get_weight_version = lambda self: self._weight_version
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("SHIM_TRACE", str(trace))
+    Trainer().rollout(verify, llm, trainer_model)
+    assert engine.get_weight_version() == "7"
+    trainer = Trainer()
+    trainer.state.global_step = 8
+    with torch.no_grad():
+        trainer_model.model.embed_tokens.weight.mul_(2.0)
+    trainer.rollout(verify, llm, trainer_model)
+    assert engine.get_weight_version() == "7"  # not moved by a stale check
+    assert len(warnings) == 1 and "stale weights at step 8 (engine weight version 7)" in warnings[0], warnings
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [(r["event"], r["verdict"], r["step"], r["weight_version"]) for r in recs] == [
+        ("verify", "verified", 7, "7"), ("verify", "stale", 8, "7")]
+
+
+@pytest.mark.parametrize("value,mode", [("1", "exact"), ("on", "exact"), ("exact", "exact"), ("sample", "sample"),
+                                        ("0", ""), ("", "")])
 def test_config_values(monkeypatch, value, mode):
     from shim.engine import config
 
@@ -362,6 +584,61 @@ def test_trl_1_9_2_exact_mode():
     assert r["verify"]["verified"] == len(r["generates"]) - r["mismatches"]
 
 
+SKIPPED = "model.layers.1.self_attn.v_proj.weight"
+"""The tensor the partial push leaves out: not among the 8 fixed matrices the old sampled mode compared
+on this model (q_proj, v_proj, gate_proj, down_proj of layer 0, k_proj, o_proj, up_proj of layer 1, lm_head),
+so that mode never saw it; nor in the first slice of 8 (a rotation stuck on one slice misses it too)."""
+
+
+@functools.lru_cache(maxsize=None)
+def partial_push(mode: str) -> dict:
+    return run_trl("1.10.0", tempfile.mkdtemp(prefix=f"verify-partial-{mode}-"), "--trainer", "grpo",
+                   "--shim", "before", "--skip-push", SKIPPED, env={"SHIM_VERIFY_WEIGHTS": mode})
+
+
+def test_trl_1_10_0_partial_push_exact_every_rollout():
+    """Every push misses one tensor; level 2 leaves it discarded: exact reports every rollout at once."""
+    r = partial_push("exact")
+    assert r["decisions"]["verify-weights-trl"] == "applied"
+    assert r["mismatches"] == len(r["generates"]) > 0  # the bug shows (the test's own observation)
+    assert r["verify"]["stale"] == r["mismatches"] and r["verify"]["verified"] == 0
+    stale = [w for w in r["shim_warnings"] if "stale weights" in w]
+    assert stale and all(SKIPPED in w for w in stale) and "stale at 1 of 1 " in stale[0], stale
+
+
+def test_trl_1_10_0_partial_push_sample_within_its_window():
+    """Sample mode: the skipped tensor is in one slice of every ceil(mapped / 8) consecutive checks."""
+    import math
+    import re
+
+    r = partial_push("sample")
+    assert r["mismatches"] == len(r["generates"]) > 0
+    info = next(m for lvl, m in r["shim_log"] if "comparing" in m)
+    mapped = int(re.search(r"comparing (\d+) of", info).group(1))
+    span = math.ceil(mapped / 8)
+    checks = r["verify"]["stale"] + r["verify"]["verified"]
+    assert checks == len(r["generates"]) >= span, (info, r["verify"])
+    assert r["verify"]["stale"] >= checks // span > 0, r["verify"]
+    stale = [w for w in r["shim_warnings"] if "stale weights" in w]
+    first = int(re.search(r"stale at 1 of (\d+) ", stale[0]).group(1))
+    assert first <= span and SKIPPED in stale[0], stale[0]
+
+
+def test_trl_1_10_0_engine_half_standing_down_is_loud():
+    """An ``LLM`` without ``chat``: the vLLM half stands down by its probe, the trainer half applies; every
+    rollout is unverifiable, one WARNING says why, the status reason names it."""
+    r = run_trl("1.10.0", tempfile.mkdtemp(prefix="verify-nochat-"), "--trainer", "grpo", "--shim", "after",
+                "--drop-llm-chat", env={"SHIM_VERIFY_WEIGHTS": "1"})
+    assert r["decisions"]["verify-weights-vllm"] == "stand down: upstream shape changed: LLM.chat not found"
+    assert r["decisions"]["verify-weights-trl"] == "applied"
+    assert r["verify"]["verified"] == r["verify"]["stale"] == 0
+    assert r["verify"]["unverifiable"] == len(r["generates"]) > 0
+    loud = [w for w in r["shim_warnings"] if "not running" in w]
+    assert len(loud) == 1 and "LLM.chat not found" in loud[0], r["shim_warnings"]
+    assert "verify-weights-vllm stand down: upstream shape changed" in r["not_running"]["verify-weights-trl"]
+    assert r["metrics"] and r["metrics"][-1].get("shim/rollouts_unverifiable") == len(r["generates"]), r["metrics"]
+
+
 def test_tied_embeddings_compared_once(verify, pair, warnings):
     """``lm_head`` sharing ``embed_tokens``' parameter (HF and vLLM ``tie_word_embeddings``): one tensor,
     compared once, under its first name (the stand-in dry run of the GPU bench failed on this)."""
@@ -373,7 +650,9 @@ def test_tied_embeddings_compared_once(verify, pair, warnings):
     before = verify.counts()
     Trainer().rollout(verify, llm, trainer_model)
     assert warnings == [] and verify.counts()["verified"] == before["verified"] + 1
-    assert "lm_head.weight" not in verify.describe(engine)["params"]
+    from shim.verify import layout
+
+    assert "lm_head.weight" not in layout.describe(engine)["params"]
 
 
 # ---------------------------------------------------------------------------
