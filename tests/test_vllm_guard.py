@@ -250,10 +250,10 @@ def test_reset_recovered_branch():
     code = textwrap.dedent("""
         from shim.vllm import first_sleep_reset
         from shim.vllm import sleep_state
-        s = sleep_state.SleepState(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1)
+        s = sleep_state.SleepState(measure=sleep_state.Measurement(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1))
         first_sleep_reset.outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
         first_sleep_reset.outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
-        print(s.reset)
+        print(s.measure.reset)
     """)
     proc = run_python(code)
     assert proc.stdout.strip() == "recovered"

@@ -12,37 +12,19 @@ from __future__ import annotations
 import functools
 
 from shim.verify import compare
-from shim.vllm import sleep_state
+from shim.vllm import engines, sleep_state
 
 
 class Unreachable(RuntimeError):
     """The engine's workers cannot run the check (another process, no way to ship it)."""
 
 
-def _unwrap(llm):
-    seen = 0
-    while hasattr(llm, "__wrapped__") and seen < 8:
-        llm = llm.__wrapped__
-        seen += 1
-    return llm
-
-
-def vllm_engine(llm):
-    """vLLM's engine behind ``llm``: ``LLM.llm_engine``, ms-swift's ``VllmEngine.engine``, or ``llm``."""
-    llm = _unwrap(llm)
-    engine = getattr(llm, "llm_engine", None)
-    if engine is None:
-        inner = getattr(llm, "engine", None)
-        engine = inner if getattr(inner, "model_executor", None) is not None else llm
-    return engine
+vllm_engine = engines.unwrap
 
 
 def weights_asleep(llm) -> bool:
-    executor = getattr(vllm_engine(llm), "model_executor", None)
-    tags = getattr(executor, "sleeping_tags", None)
-    if isinstance(tags, (set, frozenset, list, tuple)):
-        return "weights" in tags and bool(getattr(executor, "is_sleeping", True))
-    return sleep_state.state_for(vllm_engine(llm)).weights_asleep
+    tags = engines.reported_asleep(vllm_engine(llm))
+    return "weights" in tags if tags is not None else sleep_state.state_for(vllm_engine(llm)).weights_asleep
 
 
 def in_process_model(llm):
@@ -67,7 +49,7 @@ def run_on_workers(llm, request: dict) -> list:
     model = in_process_model(llm)
     if model is not None:
         return [compare.fingerprint(model, request)]
-    llm = _unwrap(llm)
+    llm = engines.unproxy(llm)
     apply_model = getattr(llm, "apply_model", None) or getattr(getattr(llm, "llm_engine", None), "apply_model", None)
     if apply_model is None:
         raise Unreachable(f"{type(llm).__name__} has neither an in-process worker nor apply_model")

@@ -71,7 +71,6 @@ _counts = {"verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
 _read: dict = {}       # bytes one exact check reads: {"engine": ..., "trainer": ...} (the bench's floor)
 _times: list = []      # the shim's own seconds per verification (bench: median cost per generate)
 _targets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_names: dict = {}
 _warned: set = set()   # reasons already said (one WARNING per process each)
 _reasons: dict = {}    # engine name -> why it cannot be verified (this process)
 
@@ -258,14 +257,7 @@ class armed:
 def engine_name(llm) -> str:
     from shim.vllm import sleep_state
 
-    engine = transport.vllm_engine(llm)
-    state = sleep_state.state_for(engine)
-    if state.engine:
-        return state.engine
-    key = id(engine)
-    if key not in _names:
-        _names[key] = f"{type(engine).__name__}#{len(_names) + 1}"
-    return _names[key]
+    return sleep_state.engine_name(transport.vllm_engine(llm))
 
 
 def trainer_step() -> "int | None":
