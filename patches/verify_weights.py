@@ -121,7 +121,8 @@ VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights
 
 def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at):
     probe, apply = probe_apply
-    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="weight verification (SHIM_VERIFY_WEIGHTS)",
+    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, switch="SHIM_VERIFY_WEIGHTS",
+                 issue="weight verification (SHIM_VERIFY_WEIGHTS)",
                  distribution=distribution,
                  affected=affected, module=module, apply=apply, probe=probe, summary=summary,
                  verified=VERIFIED)

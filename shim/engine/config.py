@@ -86,6 +86,11 @@ def _flag(name: str) -> bool:
     )
 
 
+def switched_on(name: str) -> bool:
+    """Whether the environment switch ``name`` is set to something other than off (never raises)."""
+    return os.environ.get(name, "").strip().lower() not in _FALSE
+
+
 def disabled() -> bool:
     return _flag(SHIM_DISABLED)
 
