@@ -17,6 +17,7 @@ INDEX = (
     ("trl-online-dpo-resync", "trl_online_dpo", "trl.experimental.online_dpo.online_dpo_trainer"),
     ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
     ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
+    ("swift-megatron-resample-wake-order", "swift_resample_wake_order", "swift.megatron.trainers.rollout_mixin"),
     # before swift-level2-resync / swift-grpo-level2-resync, whose wrappers of _fast_infer stay the outer ones on
     # 3.x (either order works: one acts at level 1 only, the other at level 2 only)
     ("swift-resample-wake-order-3x", "swift_resample_wake_order", "swift.trainers.rlhf_trainer.rollout_mixin"),
