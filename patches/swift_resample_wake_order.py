@@ -29,8 +29,9 @@ order in every release 4.0.0-4.5.3 (read in the wheels: 4.0.0-4.2.x wake without
 4.5.3 sleeps in a ``finally``) and 4.6.0's fix; it keeps its step in ``_step`` instead of
 ``state.global_step``. Record ``swift-megatron-resample-wake-order``, the same wrapper and probe.
 """
-from shim import swift_wake_order
-from shim.patching import Patch
+from shim.engine.patch import Patch
+from shim.engine.probes import changed
+from shim.swift import wake_order
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
 _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
@@ -42,15 +43,15 @@ def _probe_class(cls, name: str, own: bool, method: str = "_fast_infer"):
 
     fast = vars(cls).get(method) if own else getattr(cls, method, None)
     if fast is None or not hasattr(cls, "offload_context"):
-        return f"upstream shape changed: {name}.{method}/offload_context not found"
+        return changed(f"{name}.{method}/offload_context not found")
     source = inspect.getsource(fast)
     if any(marker in source for marker in _FIXED):
         return f"fixed upstream ({name}.{method} wakes the weights early only before a push)"
     early = min((i for i in (source.find(e) for e in _EARLY) if i >= 0), default=-1)
     context, late = source.find("with context()"), source.find(_LATE)
     if not (0 <= early < context < late) or "_last_loaded_step" not in source:
-        return (f"upstream shape changed: {name}.{method} does not wake the weights before offload_context "
-                "and the kv_cache inside it")
+        return changed(f"{name}.{method} does not wake the weights before offload_context and the kv_cache "
+                       "inside it")
     return None
 
 
@@ -58,7 +59,7 @@ def probe(module):
     """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
-        return "upstream shape changed: RolloutTrainerMixin not found"
+        return changed("RolloutTrainerMixin not found")
     return _probe_class(cls, "RolloutTrainerMixin", own=False)
 
 
@@ -67,7 +68,7 @@ def probe_grpo(module):
     ``wake_up(tags=['weights'])``, 3.8-3.9 through ``kwargs``)."""
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
-        return "upstream shape changed: GRPOTrainer not found"
+        return changed("GRPOTrainer not found")
     return _probe_class(cls, "GRPOTrainer", own=True)
 
 
@@ -75,20 +76,21 @@ def probe_megatron(module):
     """4.0.0-4.5.3 ``MegatronRolloutMixin._generate_completions``: the same order."""
     cls = getattr(module, "MegatronRolloutMixin", None)
     if cls is None:
-        return "upstream shape changed: MegatronRolloutMixin not found"
+        return changed("MegatronRolloutMixin not found")
     return _probe_class(cls, "MegatronRolloutMixin", own=False, method="_generate_completions")
 
 
 def apply(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", swift_wake_order.fast_infer)
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", wake_order.fast_infer)
 
 
 def apply_grpo(module, patcher):
-    patcher.wrap(module.GRPOTrainer, "_fast_infer", swift_wake_order.fast_infer)
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", wake_order.fast_infer)
 
 
 PATCH = Patch(
     id="swift-resample-wake-order",
+    tested_at=("swift", "4.5.3"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=4.0.0,<4.6.0",
@@ -102,12 +104,15 @@ PATCH = Patch(
              "4.6.0 stands down",
 )
 
+
 def apply_megatron(module, patcher):
-    patcher.wrap(module.MegatronRolloutMixin, "_generate_completions", swift_wake_order.generate_completions)
+    patcher.wrap(module.MegatronRolloutMixin, "_generate_completions", wake_order.generate_completions)
 
 
 PATCH_MEGATRON = Patch(
     id="swift-megatron-resample-wake-order",
+    tested_at=("swift-megatron", "4.5.3"),
+    kind="fix",
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=4.0.0,<4.6.0",
@@ -123,6 +128,7 @@ PATCH_MEGATRON = Patch(
 
 PATCH_3X = Patch(
     id="swift-resample-wake-order-3x",
+    tested_at=("swift", "3.10.1"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=3.10.0,<4.0.0",
@@ -135,6 +141,7 @@ PATCH_3X = Patch(
 
 PATCH_GRPO = Patch(
     id="swift-grpo-resample-wake-order",
+    tested_at=("swift", "3.9.3"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=3.6.0,<3.10.0",

@@ -54,12 +54,12 @@ targets = [importlib.import_module(name) for name in spec["modules"]]
 import vllm  # noqa: E402
 from vllm.platforms import current_platform
 
-from shim import patching
+from shim.engine import registry
 
 ROUTES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
 conf = lambda: {k: os.environ.get(k) for k in ROUTES}  # noqa: E731
 utils = importlib.import_module("swift.rlhf_trainers.utils")
-out = {"decisions": {k: d.text() for k, d in patching.decisions().items() if k.startswith("swift-exp")},
+out = {"decisions": {k: d.text() for k, d in registry.decisions().items() if k.startswith("swift-exp")},
        "helpers": [t.set_expandable_segments.__module__ for t in targets + [utils]]}
 if spec.get("cuda_available"):
     torch.cuda.is_available = lambda: True
@@ -210,5 +210,7 @@ def test_megatron_resample_wake_order_stands_down_on_4_6_0():
     assert on["probes"][RESAMPLE] == ("fixed upstream (MegatronRolloutMixin._generate_completions wakes the weights "
                                       "early only before a push)")
     assert on["markers"] == []
-    assert on["order"] == off["order"] and weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
+    # the same moves and wakes (the device's used bytes aside: other patches empty the caching allocator's cache)
+    moves = lambda run: [{k: v for k, v in e.items() if k != "used"} for e in run["order"]]  # noqa: E731
+    assert moves(on) == moves(off) and weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
     assert on["mismatches"] == 0 and off["mismatches"] == 0

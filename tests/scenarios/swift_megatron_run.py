@@ -155,18 +155,19 @@ def main():
             t._generate_completions([OnPolicySample(messages=[{"role": "user", "content": "hello world"}])
                                      for _ in range(2)])
 
-    from shim import patching, registry
+    from shim.engine import catalog, registry
+    from shim.engine.patcher import markers
 
     probes = {}
     for patch_id in a.probe:  # the probe alone, whatever the version range decided
-        row = next(r for r in registry.index() if r[0] == patch_id)
-        record = next(p for p in registry.patch_module(row[1]).PATCHES if p.id == patch_id)
+        row = next(r for r in catalog.index() if r[0] == patch_id)
+        record = next(p for p in catalog.patch_module(row[1]).PATCHES if p.id == patch_id)
         probes[patch_id] = record.probe(importlib.import_module(record.module))
     print(json.dumps({
         "swift": swift.__version__, "generates": generates,
         "mismatches": sum(1 for g in generates if g["engine"] != g["trainer"]),
-        "decisions": {k: d.text() for k, d in patching.decisions().items()},
-        "markers": patching.markers(vars(mixin_module.MegatronRolloutMixin)["_generate_completions"]),
+        "decisions": {k: d.text() for k, d in registry.decisions().items()},
+        "markers": markers(vars(mixin_module.MegatronRolloutMixin)["_generate_completions"]),
         "order": order, "probes": probes,
     }))
 
