@@ -33,6 +33,8 @@ INDEX = (
     ("swift-gkd-teacher-zero3-4x", "swift_gkd_teacher_zero3", "swift.pipelines.train.rlhf"),
     ("swift-zero3-offload", "swift_zero3_offload", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-grpo-zero3-offload", "swift_zero3_offload", "swift.trainers.rlhf_trainer.grpo_trainer"),
+    ("swift-gkd-offload-reload", "swift_offload_reload", "swift.rlhf_trainers.gkd_trainer"),
+    ("swift-grpo-offload-reload", "swift_offload_reload", "swift.rlhf_trainers.grpo_trainer"),
     ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),

@@ -10,10 +10,11 @@ where the trainer keeps its step: ``state.global_step`` (the HF trainers), ``_st
 """
 from __future__ import annotations
 
-from shim.engine import log
-from shim.vllm import engines
+from contextlib import ExitStack
 
-_MISSING = object()
+from shim.engine import log
+from shim.engine.shadow import shadow
+from shim.vllm import engines
 
 
 def _wake_tags(engine) -> bool:
@@ -72,19 +73,13 @@ def _rollout_wrapper(step):
                 return original(tags=["weights", "kv_cache"])
             return original(tags=tags)
 
-        try:
-            own = vars(engine).get("wake_up", _MISSING)
-            engine.wake_up = wake_up
-        except Exception as exc:  # an engine that takes no attribute (no __dict__, a proxy): upstream's order
-            log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
-            return wrapped(*args, **kwargs)
-        try:
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(shadow(engine, "wake_up", wake_up))
+            except Exception as exc:  # an engine that takes no attribute (no __dict__, a proxy): upstream's order
+                log.debug(f"swift-resample-wake-order: upstream order kept ({type(exc).__name__}: {exc})")
+                return wrapped(*args, **kwargs)
             result = wrapped(*args, **kwargs)
-        finally:
-            if own is _MISSING:
-                vars(engine).pop("wake_up", None)
-            else:
-                engine.wake_up = own
         if held == [True, False]:
             log.event("swift-resample-wake-order: same-step rollout without a weight push: vLLM's weights woken "
                       "with the KV cache after offload_context (as ms-swift 4.6.0)", important=not logged)
