@@ -58,14 +58,13 @@ def main():
         os.environ.setdefault(k, v)
     if a.shim:
         import shim.auto  # noqa: F401
+    import swift
     import torch
     import vllm  # noqa: F401
-    from vllm._fake.device import DEVICE
-    from vllm.platforms import current_platform
-
-    import swift
     from swift import get_model_processor, get_template
     from swift.rlhf_trainers import GKDConfig, GRPOConfig
+    from vllm._fake.device import DEVICE
+    from vllm.platforms import current_platform
 
     from tests.support import residency
     from tests.support.swift_trainer import bare_trainer
