@@ -194,9 +194,9 @@ def test_megatron_same_step_rollout_wakes_weights_after_offload_10109():
     same_step = [w for w in off["order"] if w["event"] == "wake_up"][2]  # step 0, second rollout: weights
     assert same_step["tags"] == ["weights"] and same_step["trainer_bytes"] > 0, off["order"]
     on = run_megatron("4.5.3", "--level", "1", "--offload", "--shim", "--probe", RESAMPLE)
+    assert weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
     assert on["decisions"][RESAMPLE] == "applied" and on["probes"][RESAMPLE] is None
     assert RESAMPLE in on["markers"]
-    assert weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
     for run in (off, on):
         assert len(run["generates"]) == 4 and run["mismatches"] == 0, run["generates"]
 

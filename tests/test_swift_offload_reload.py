@@ -37,9 +37,9 @@ def test_gkd_student_on_cpu_is_not_loaded_onto_the_device_4_6_0():
     assert off["after_build"]["resident"]["model"] == size > 0, off  # the bug: loaded whole onto the device
     assert off["after_build"]["free"] <= off["before"]["free"] - size, off
     on = run("4.6.0", "--trainer", "gkd", "--shim", "--probe", GKD, "--probe", GRPO)
-    assert on["decisions"][GKD] == "applied" and on["markers"] == [GKD]
     assert on["after_build"]["resident"]["model"] == 0 and on["engine_asleep"], on
     assert on["after_build"]["free"] == on["before"]["free"], on
+    assert on["decisions"][GKD] == "applied" and on["markers"] == [GKD]
     assert on["probes"] == {GKD: None, GRPO: "fixed upstream (GRPOTrainer.offload_context reloads only the models "
                                                "offload_model moved)"}
     assert on["decisions"][GRPO] == "stand down: fixed upstream in 4.6.0"
@@ -71,8 +71,8 @@ def test_grpo_reloads_only_the_models_it_moved_4_5_3():
     sizes = off["sizes"]
     assert off["before"]["resident"] == {"model": 0, "ref_model": sizes["ref_model"]}
     assert off["after_build"]["resident"] == sizes, off  # the bug: the policy loaded onto the device too
-    assert on["decisions"][GRPO] == "applied" and on["markers"] == [GRPO]
     assert on["after_build"]["resident"] == {"model": 0, "ref_model": sizes["ref_model"]}, on
+    assert on["decisions"][GRPO] == "applied" and on["markers"] == [GRPO]
     for r in (off, on):
         assert r["rollout_inside"]["resident"] == {"model": 0, "ref_model": 0}, r
         assert r["rollout_after"]["resident"] == sizes, r
