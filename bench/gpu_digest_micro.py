@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--variants", default="v1-exact,v1-sample,exact-triton-br1,exact-triton-br4,"
-                                          "exact-triton-br16,exact-torch,sample-triton,sample-torch")
+                                          "exact-triton-br16,exact-triton-br32,exact-torch,sample-triton,sample-torch")
     ap.add_argument("--step-s", type=float, default=1.26, help="GRPO step seconds (share of a step)")
     args = ap.parse_args()
     device = torch.device(args.device)

@@ -35,7 +35,7 @@ COLS = 4
 """Sums per digest."""
 CHUNK_ROWS = 1 << 15
 """Rows the ``torch`` route handles per step (bounds its int32 temporary: 128 MiB)."""
-BLOCK_ROWS = 4
+BLOCK_ROWS = 16
 """Rows one ``triton`` program reduces."""
 ROUTE = "auto"
 """``auto`` (``triton`` where its self-check on the device passes, else ``torch``), ``triton``, ``torch``."""
