@@ -149,7 +149,7 @@ def v2_variant(engine, trainer, sample: bool, route: str, block: "int | None"):
         changed.view(-1)[changed.numel() // 2] += 1
         if digest.digests([changed])[0] == base:
             problems.append("one changed element not seen")
-        for j in (0, 1, len(engine) // 2, len(engine) - 1):
+        for j in (1, 2, len(engine) // 2, len(engine) - 1):  # not the embedding: a CPU digest of it takes seconds
             want = digest.digests([trainer[j].cpu()], [torch.bfloat16])[0]
             if digest.digests([trainer[j]], [torch.bfloat16])[0] != want:
                 problems.append(f"piece {j}: differs from the CPU torch route")
