@@ -10,7 +10,7 @@ mode, the wide random Qwen2 (~1.06 B parameters) of the other GPU runs, one run 
 
     verify off                         SHIM_VERIFY_WEIGHTS=0 (reference s/step)
     verify default (exact)             SHIM_VERIFY_WEIGHTS=1 (exact digests of every tensor; clean verdicts)
-    verify sample                      SHIM_VERIFY_WEIGHTS=sample (8 whole tensors per check, rotating)
+    verify sample                      SHIM_VERIFY_WEIGHTS=sample (8 tensors per check, ~64 Ki elements each, rotating)
     verify default, trl-stale-weights off   SHIM_DISABLED_PATCHES=trl-stale-weights (#5312 back:
                                        stale verdicts), with the test-side bit-for-bit comparison of
                                        every engine parameter at every rollout (``--observe``) as

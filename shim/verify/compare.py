@@ -8,10 +8,11 @@ piece) cross devices and processes.
 
 ``exact``: every mapped tensor at every check. ``sample``: :data:`TENSORS` of them per
 check, a different slice each time (:func:`window`): every mapped tensor is compared
-within ``ceil(mapped / TENSORS)`` consecutive checks.
+within ``ceil(mapped / TENSORS)`` consecutive checks; of each, about :data:`ELEMENTS`
+elements: evenly strided rows of its leading dimension (:func:`rows`), the starting row
+moving on by one at each pass over the slices, so repeated passes cover every row.
 
-Sharded trainers: under DeepSpeed ZeRO-3 the trainer tensors of one packing buffer are
-gathered at a time (``deepspeed.zero.GatheredParameters``, a collective: every rank
+Sharded trainers: under DeepSpeed ZeRO-3 the trainer tensors of one engine tensor are gathered at a time (``deepspeed.zero.GatheredParameters``, a collective: every rank
 verifies the same tensors at the same generate); FSDP2 ``DTensor`` parameters through
 ``full_tensor()`` (likewise).
 """
@@ -20,7 +21,27 @@ from __future__ import annotations
 from shim.verify import digest, layout
 
 TENSORS = 8
-"""Tensors compared per check in ``sample`` mode (whole tensors, every element)."""
+"""Tensors compared per check in ``sample`` mode."""
+ELEMENTS = 1 << 16
+"""Elements compared per tensor in ``sample`` mode (whole leading-dimension rows, at least one)."""
+
+
+def rows(view, elements: int, phase: int):
+    """Rows ``phase % stride, + stride, ...`` of ``view``'s leading dimension (a view): about
+    ``elements`` elements, ``stride = ceil(rows / (elements // row size))``."""
+    if view.dim() == 0 or view.shape[0] <= 1:
+        return view
+    per_row = max(1, view.numel() // view.shape[0])
+    take = max(1, elements // per_row)
+    stride = -(-view.shape[0] // take)
+    return view[phase % stride::stride] if stride > 1 else view
+
+
+def sample(check: int, mapped: int, per: "int | None" = None) -> list:
+    """The ``sample`` request of check number ``check``: ``[elements, phase]`` (the phase is the
+    number of whole passes over the slices before it)."""
+    per = TENSORS if per is None else per
+    return [ELEMENTS, check // max(1, -(-mapped // per))]
 
 
 def window(mapped: list, check: int, per: "int | None" = None) -> list:
@@ -45,7 +66,8 @@ def _dtype(name: str):
 # engine side (inside each worker)
 # ---------------------------------------------------------------------------
 def fingerprint(model, request: dict) -> dict:
-    """Run on one worker: ``request = {"describe": bool, "names": [...]}``.
+    """Run on one worker: ``request = {"describe": bool, "names": [...], "sample": None or
+    [elements, phase]}``.
 
     ``describe``: this worker's :func:`shim.verify.layout.describe`; ``digests``: for each
     name, one digest per layout piece (lists of ints)."""
@@ -57,10 +79,11 @@ def fingerprint(model, request: dict) -> dict:
     if not names:
         return out
     params = dict(model.named_parameters())
+    spec = request.get("sample")
     views, owners = [], []
     for name in names:
         pieces = layout.engine_views(params[name], desc["params"][name]["layout"])
-        views.extend(pieces)
+        views.extend(rows(v, *spec) if spec else v for v in pieces)
         owners.append(len(pieces))
     flat = digest.digests(views)
     out["digests"], pos = [], 0
@@ -101,44 +124,24 @@ class Gathered:
         return False
 
 
-class _Slices:
-    """``fetch`` for :meth:`shim.verify.digest.Plan.run`: the trainer slices of some pieces."""
-
-    def __init__(self, params: dict, pieces: list, idx: list):
-        self.pieces = [pieces[i] for i in idx]
-        self.idx = idx
-        self.gathered = Gathered(params, [p[0] for p in self.pieces])
-
-    def __enter__(self) -> dict:
-        tensors = self.gathered.__enter__()
-        out = {}
-        for i, (tname, lay, piece) in zip(self.idx, self.pieces):
-            t = tensors[tname]
-            if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
-                raise LookupError(f"{tname}: trainer shape {list(t.shape)} does not hold rows "
-                                  f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
-            out[i] = layout.trainer_view(t, lay, piece)
-        return out
-
-    def __exit__(self, *exc):
-        return self.gathered.__exit__(*exc)
-
-
-def trainer_digests(desc: dict, names: list, params: dict) -> list:
-    """What :func:`fingerprint` must return for ``names`` on the worker ``desc`` describes,
-    computed from the trainer's tensors (one digest per piece, per name)."""
-    pieces, specs, owners = [], [], []
+def trainer_digests(desc: dict, names: list, params: dict, spec=None) -> list:
+    """What :func:`fingerprint` must return for ``names`` (and the ``sample`` request ``spec``)
+    on the worker ``desc`` describes, computed from the trainer's tensors (one digest per
+    piece, per name; the trainer tensors of one name gathered at a time)."""
+    parts, owners = [], []
     for name in names:
         d = desc["params"][name]
         lay, dtype = d["layout"], _dtype(d["dtype"])
-        shape = list(d["shape"]) or [1]
-        for piece in lay["pieces"]:
-            pshape = [1] if lay.get("scalar") else [piece[2] if k == lay["dim"] else s for k, s in enumerate(shape)]
-            pieces.append((piece[0], lay, piece))
-            specs.append((pshape, dtype))
+        with Gathered(params, [piece[0] for piece in lay["pieces"]]) as tensors:
+            for piece in lay["pieces"]:
+                t = tensors[piece[0]]
+                if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
+                    raise LookupError(f"{piece[0]}: trainer shape {list(t.shape)} does not hold rows "
+                                      f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
+                view = layout.trainer_view(t, lay, piece)
+                parts.append(digest.partials(rows(view, *spec) if spec else view, dtype))
         owners.append(len(lay["pieces"]))
-    plan = digest.plan(specs)
-    flat = plan.run(lambda idx: _Slices(params, pieces, idx))
+    flat = digest.collect(parts)
     out, pos = [], 0
     for n in owners:
         out.append(flat[pos:pos + n])
@@ -146,13 +149,14 @@ def trainer_digests(desc: dict, names: list, params: dict) -> list:
     return out
 
 
-def compare(results: list, descs: dict, names: list, params: dict) -> list:
-    """Tensors (``"name (tp rank r)"``) whose digests differ from the trainer's, on every worker."""
+def compare(results: list, descs: dict, names: list, params: dict, spec=None) -> list:
+    """Tensors (``"name (tp rank r)"``) whose digests differ from the trainer's, on every worker
+    (``spec``: the ``sample`` request the workers were given)."""
     differ = []
     for r in results:
         rank = r["rank"]
         tag = f" (tp rank {rank})" if len(results) > 1 or rank else ""
-        want = trainer_digests(descs[rank], names, params)
+        want = trainer_digests(descs[rank], names, params, spec)
         got = r.get("digests") or []
         if len(got) != len(want):
             differ.extend(n + tag for n in names)

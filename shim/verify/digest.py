@@ -5,40 +5,44 @@ One digest per *piece*: a tensor (any strides, any device) written in a floating
 rounds it). The definition is integer arithmetic without overflow, so every route below
 gives the same numbers on every device, whatever order a kernel sums in:
 
-- ``X``: the piece's elements in row-major order, written as ``dtype``, read as signed
-  bytes (little endian) and zero-padded to whole rows of :data:`ROW` bytes (``R x ROW``).
-- ``Y = X @ B``: ``B`` is a fixed ``ROW x COLS`` matrix of nonzero int8 (int32 result,
-  ``|Y| <= ROW * 128 * 127 < 2**26``).
-- digest ``[sum_r Y[r, c] * A[r, c] for c in range(COLS)]``: ``A`` fixed odd coefficients
-  below 2**12 indexed by the row *within the piece* (int64, below 2**63 up to 2**25 rows).
+- ``x``: the piece's elements in row-major order, written as ``dtype``, their bytes read as
+  little-endian signed 16-bit words, zero-padded to whole rows of :data:`K` words
+  (``x[r, k]``, ``|x| <= 2**15``).
+- ``P[k, c]``: fixed odd weights in [1, 63] per position in a row; ``Q[r, c]``: fixed odd
+  weights in [1, 4095] per row *within the piece* (:func:`p_table`, :func:`q_table`).
+- digest ``[sum_r Q[r, c] * sum_k x[r, k] * P[k, c] for c in range(COLS)]`` (a row's inner
+  sum is below ``K * 2**15 * 63 < 2**31``; Python integers add the partial sums, so a piece
+  of any size is exact).
 
-Every changed byte changes all ``COLS`` sums (``B`` nonzero, ``A`` odd, one term), so one
-changed element is always seen; a byte moved to another column meets another ``B`` row,
-to another row another ``A`` row, so permutations show too (a plain sum misses them).
+Every changed word changes all ``COLS`` sums (``P`` and ``Q`` odd, one term), so one changed
+element is always seen; a word moved to another position meets other weights in ``P`` or
+``Q`` (independent per column), so permutations show too (a plain sum misses them).
 
-Cost: pieces are packed into buffers of up to :data:`BUDGET` bytes (one batched
-``torch._foreach_copy_`` per buffer: the cast and the gather of strided slices in one
-pass), one ``torch._int_mm`` per buffer, a few small kernels to fold the rows, and one
-device-to-host copy of ``COLS`` int64 per piece per call. ``_int_mm`` (int8 tensor cores
-on CUDA) is used where a self-check on the device shows it exact; otherwise float64
-matmul (exact for these magnitudes), otherwise an elementwise route.
+Cost: each piece is read once where it lives. Routes (:data:`ROUTE`): ``triton`` (CUDA: one
+fused kernel per piece reads the source -- float32 trainer tensors rounded to the engine's
+dtype in registers, no cast buffer -- and writes one int64 partial per :data:`BLOCK_ROWS`
+rows), ``torch`` (any device: chunks of :data:`CHUNK_ROWS` rows, an int32 product and
+int64 sums), chosen per device by a self-check against the CPU; the partial sums of all
+pieces of one call cross to the host in one copy.
 """
 from __future__ import annotations
 
 import threading
 
-ROW = 4096
-"""Bytes per hash row (the inner dimension of the int8 matmul)."""
-COLS = 8
-"""Columns of ``B``: sums per digest."""
-BUDGET = 1 << 27
-"""Bytes of one packing buffer (128 MiB); a larger piece is hashed in leading-dimension chunks."""
-MIN_ROWS = 32
-"""Rows of a buffer are a multiple of this (CUDA ``_int_mm`` wants more than 16)."""
+K = 1024
+"""16-bit words per hash row."""
+COLS = 4
+"""Sums per digest."""
+CHUNK_ROWS = 1 << 15
+"""Rows the ``torch`` route handles per step (bounds its int32 temporary: 128 MiB)."""
+BLOCK_ROWS = 16
+"""Rows one ``triton`` program reduces."""
+ROUTE = "auto"
+"""``auto`` (``triton`` where its self-check on the device passes, else ``torch``), ``triton``, ``torch``."""
 MASK32 = 0xFFFFFFFF
 
 _lock = threading.Lock()
-_consts: dict = {}   # device -> (B, A table)
+_tables: dict = {}   # device -> (P int32 [K, COLS], Q int32 [rows, COLS])
 _routes: dict = {}   # device type -> route name
 
 
@@ -51,266 +55,196 @@ def _mix(x):
     return (x ^ (x >> 16)) & MASK32
 
 
-def b_matrix():
-    """``B``: ``ROW x COLS`` int8, every entry nonzero, in [-127, 127] (CPU)."""
+def p_table():
+    """``P``: ``K x COLS`` odd int32 weights in [1, 63] (CPU)."""
     import torch
 
-    h = _mix(torch.arange(ROW * COLS, dtype=torch.int64) + 0x5EED) % 254 - 127
-    h = torch.where(h >= 0, h + 1, h)
-    return h.to(torch.int8).reshape(ROW, COLS)
+    return (_mix(torch.arange(K * COLS, dtype=torch.int64) + 0x5EED) & 0x3F).bitwise_or_(1) \
+        .to(torch.int32).reshape(K, COLS)
 
 
-def a_table(rows: int):
-    """``A`` for rows ``0..rows-1`` of a piece: odd int64 coefficients in [1, 4095] (CPU)."""
+def q_table(rows: int):
+    """``Q`` for rows ``0..rows-1`` of a piece: odd int32 weights in [1, 4095] (CPU)."""
     import torch
 
     return (_mix(torch.arange(rows * COLS, dtype=torch.int64) + 0xA11CE) & 0x7FF).mul_(2).add_(1) \
-        .reshape(rows, COLS)
+        .to(torch.int32).reshape(rows, COLS)
 
 
-def _device_consts(device, rows: int):
+def tables(device, rows: int):
+    """``(P, Q)`` on ``device``, ``Q`` for at least ``rows`` rows (cached, grown by doubling)."""
     key = str(device)
     with _lock:
-        have = _consts.get(key)
+        have = _tables.get(key)
         if have is None or have[1].shape[0] < rows:
-            size = max(rows, 2 * have[1].shape[0] if have is not None else 1024)
-            b = have[0] if have is not None else b_matrix().to(device)
-            have = _consts[key] = (b, a_table(size).to(device))
+            size = max(rows, 2 * have[1].shape[0] if have is not None else 1 << 12)
+            p = have[0] if have is not None else p_table().to(device)
+            have = _tables[key] = (p, q_table(size).to(device))
         return have
 
 
 # ---------------------------------------------------------------------------
-# X @ B, exactly: three routes, the first one the device proves exact is used
+# the words of a piece
 # ---------------------------------------------------------------------------
-def _exact(x, b):
-    """Elementwise, in int32 (any device; slow)."""
+def _elements_per_row(dtype) -> int:
+    return 2 * K // dtype.itemsize
+
+
+def _rows_of(numel: int, dtype) -> int:
+    return max(1, -(-(numel * dtype.itemsize) // (2 * K)))
+
+
+def _words(flat, dtype):
+    """``flat`` (1-D) written as ``dtype``, as an ``[rows, K]`` int16 tensor (zero-padded)."""
     import torch
 
-    out = torch.empty(x.shape[0], COLS, dtype=torch.int32, device=x.device)
-    bi = b.to(torch.int32)
-    for i in range(0, x.shape[0], 64):
-        out[i:i + 64] = (x[i:i + 64].to(torch.int32).unsqueeze(-1) * bi).sum(1, dtype=torch.int32)
+    raw = flat.to(dtype).contiguous().view(torch.int8)
+    pad = -raw.numel() % (2 * K)
+    if pad or raw.numel() == 0:
+        raw = torch.cat([raw, raw.new_zeros(pad or 2 * K)])
+    return raw.view(torch.int16).view(-1, K)
+
+
+# ---------------------------------------------------------------------------
+# routes: partial sums [n, COLS] int64 whose column sums are the digest
+# ---------------------------------------------------------------------------
+def _torch_partials(t, dtype):
+    import torch
+
+    flat = t.reshape(-1)
+    rows = _rows_of(flat.numel(), dtype)
+    p, q = tables(flat.device, rows)
+    per = CHUNK_ROWS * _elements_per_row(dtype)
+    out = []
+    for start in range(0, max(1, flat.numel()), per):
+        x = _words(flat[start:start + per], dtype)
+        r0 = start // _elements_per_row(dtype)
+        qs = q[r0:r0 + x.shape[0]].to(torch.int64)
+        out.append(torch.stack([((x * p[:, c]).sum(1, dtype=torch.int64) * qs[:, c]).sum()
+                                for c in range(COLS)]))
+    return torch.stack(out)
+
+
+_kernel = None
+
+
+def _triton_kernel():
+    global _kernel
+    if _kernel is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def fold(src, n, P, Q, out, KW: tl.constexpr, BR: tl.constexpr, NC: tl.constexpr, CAST: tl.constexpr):
+            pid = tl.program_id(0)
+            offs = pid.to(tl.int64) * (BR * KW) + tl.arange(0, BR * KW)
+            v = tl.load(src + offs, mask=offs < n, other=0)
+            if CAST == 1:
+                v = v.to(tl.bfloat16).to(tl.int16, bitcast=True)
+            elif CAST == 2:
+                v = v.to(tl.float16).to(tl.int16, bitcast=True)
+            w = tl.reshape(v.to(tl.int32), (BR, KW))
+            k = tl.arange(0, KW)
+            r = pid.to(tl.int64) * BR + tl.arange(0, BR)
+            for c in tl.static_range(NC):
+                pc = tl.load(P + k * NC + c)
+                s = tl.sum(w * pc[None, :], axis=1).to(tl.int64)
+                qc = tl.load(Q + r * NC + c).to(tl.int64)
+                tl.store(out + pid * NC + c, tl.sum(s * qc, axis=0))
+
+        _kernel = fold
+    return _kernel
+
+
+def _triton_partials(t, dtype):
+    import torch
+
+    if dtype.itemsize != 2 or t.dtype.itemsize not in (2, 4) or not t.is_floating_point():
+        return _torch_partials(t, dtype)
+    src = t.contiguous().reshape(-1)
+    if src.dtype.itemsize == 2:
+        src, cast = src.to(dtype).view(torch.int16), 0
+    else:
+        cast = 1 if dtype == torch.bfloat16 else 2
+    n = src.numel()
+    rows = _rows_of(n, dtype)
+    progs = -(-rows // BLOCK_ROWS)
+    p, q = tables(src.device, progs * BLOCK_ROWS)
+    out = torch.empty(progs, COLS, dtype=torch.int64, device=src.device)
+    if n:
+        _triton_kernel()[(progs,)](src, n, p, q, out, KW=K, BR=BLOCK_ROWS, NC=COLS, CAST=cast)
+    else:
+        out.zero_()
     return out
 
 
-def _float64(x, b):
-    """float64 matmul: every product and partial sum is an integer below 2**53, so exact."""
-    import torch
-
-    out = torch.empty(x.shape[0], COLS, dtype=torch.int32, device=x.device)
-    bd = b.to(torch.float64)
-    for i in range(0, x.shape[0], 4096):
-        out[i:i + 4096] = (x[i:i + 4096].to(torch.float64) @ bd).to(torch.int32)
-    return out
-
-
-def _int_mm(x, b):
-    import torch
-
-    return torch._int_mm(x, b)
-
-
-ROUTES = {"int_mm": _int_mm, "float64": _float64, "exact": _exact}
+ROUTES = {"triton": _triton_partials, "torch": _torch_partials}
 
 
 def route(device) -> str:
-    """The route for ``device``'s type: the first of :data:`ROUTES` whose result on a probe
-    (random bytes, all-extreme bytes) equals the CPU elementwise result."""
+    """The route for ``device``'s type: :data:`ROUTE`, or under ``auto`` the first of
+    :data:`ROUTES` whose digests of a probe (random and extreme values, float32 rounded and
+    not, a ragged tail) equal the CPU ``torch`` route's."""
     import torch
 
     kind = torch.device(device).type
+    if ROUTE != "auto":
+        return ROUTE
     with _lock:
         if kind in _routes:
             return _routes[kind]
-    g = torch.Generator().manual_seed(7)
-    probe = torch.cat([torch.randint(-128, 128, (MIN_ROWS, ROW), generator=g, dtype=torch.int8),
-                       torch.full((MIN_ROWS, ROW), -128, dtype=torch.int8)])
-    b = b_matrix()
-    truth = _exact(probe, b)
-    chosen = "exact"
-    for name, fn in ROUTES.items():
-        try:
-            got = fn(probe.to(device), b.to(device)).cpu()
-        except Exception:  # not supported on this device / build
-            continue
-        if torch.equal(got, truth):
-            chosen = name
-            break
+    chosen = "torch"
+    if kind != "cpu":
+        g = torch.Generator().manual_seed(7)
+        probe = [torch.randn(3 * K + 5, generator=g) * 1e3, torch.full((2 * K,), -3.0e38),
+                 torch.randn(BLOCK_ROWS * K * 3 + 1, generator=g).to(torch.bfloat16)]
+        for name, fn in ROUTES.items():
+            if name == "torch":
+                break
+            try:
+                ok = all(torch.equal(fn(t.to(device), d).sum(0).cpu(), _torch_partials(t, d).sum(0))
+                         for t in probe for d in (torch.bfloat16, torch.float16))
+            except Exception:  # not available on this device / build
+                ok = False
+            if ok:
+                chosen = name
+                break
     with _lock:
         _routes[kind] = chosen
     return chosen
 
 
-# ---------------------------------------------------------------------------
-# packing many pieces into few buffers
-# ---------------------------------------------------------------------------
-def _nbytes(shape, dtype) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n * dtype.itemsize
-
-
-def _rows(nbytes: int) -> int:
-    return max(1, -(-nbytes // ROW))
-
-
-class Plan:
-    """Where each piece of a list of ``(shape, dtype)`` goes: segments packed into buffers.
-
-    A segment is a whole piece, or (a piece over :data:`BUDGET`) a run of its leading rows
-    that starts on a hash-row boundary, so chunking never changes the digest."""
-
-    def __init__(self, specs):
-        import math
-
-        self.specs = [(tuple(int(s) for s in shape), dtype) for shape, dtype in specs]
-        segments = []  # (piece, lead_start, lead_len or None, row0, nbytes)
-        for i, (shape, dtype) in enumerate(self.specs):
-            nbytes = _nbytes(shape, dtype)
-            if nbytes <= BUDGET or len(shape) < 1 or shape[0] < 2:
-                segments.append((i, 0, None, 0, nbytes))
-                continue
-            row_bytes = nbytes // shape[0]
-            step = math.lcm(row_bytes, ROW) // row_bytes  # leading rows per whole hash rows
-            per = max(step, (BUDGET // (step * row_bytes)) * step)
-            if step >= shape[0]:
-                segments.append((i, 0, None, 0, nbytes))
-                continue
-            for start in range(0, shape[0], per):
-                n = min(per, shape[0] - start)
-                segments.append((i, start, n, start * row_bytes // ROW, n * row_bytes))
-        self.groups = []  # [(segments, row offsets, rows)]
-        current, offsets, rows = [], [], 0
-        for seg in segments:
-            need = _rows(seg[4])
-            if current and (rows + need) * ROW > BUDGET:
-                self.groups.append(self._close(current, offsets, rows))
-                current, offsets, rows = [], [], 0
-            current.append(seg)
-            offsets.append(rows)
-            rows += need
-        if current:
-            self.groups.append(self._close(current, offsets, rows))
-        self._dev: dict = {}
-
-    @staticmethod
-    def _close(segs, offsets, rows):
-        return segs, offsets, -(-rows // MIN_ROWS) * MIN_ROWS
-
-    def _indices(self, device, k: int):
-        """Per buffer ``k``: the piece row of every buffer row (A's index) and segment row spans."""
-        import torch
-
-        key = (str(device), k)
-        if key not in self._dev:
-            segs, offsets, rows = self.groups[k]
-            local = torch.zeros(rows, dtype=torch.int64)
-            starts, ends = [], []
-            for seg, off in zip(segs, offsets):
-                n = _rows(seg[4])
-                local[off:off + n] = torch.arange(seg[3], seg[3] + n)
-                starts.append(off)
-                ends.append(off + n)
-            self._dev[key] = (local.to(device), torch.tensor(starts, device=device),
-                              torch.tensor(ends, device=device), int(local.max()) + 1)
-        return self._dev[key]
-
-    def run(self, fetch) -> list:
-        """Digests (lists of :data:`COLS` ints) of every piece. ``fetch(pieces)`` is a context
-        manager yielding ``{piece: tensor}`` for one buffer's pieces (ZeRO-3 gathers there)."""
-        import torch
-
-        out = []   # device tensors [segments, COLS]
-        owners = []
-        with torch.no_grad():
-            for k, (segs, offsets, rows) in enumerate(self.groups):
-                with fetch(sorted({s[0] for s in segs})) as tensors:
-                    device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
-                    buf = torch.zeros(rows * ROW, dtype=torch.int8, device=device)
-                    dsts, srcs = [], []
-                    for (piece, lead, n, _, nbytes), off in zip(segs, offsets):
-                        shape, dtype = self.specs[piece]
-                        src = tensors[piece]
-                        if tuple(src.shape) != shape and not (shape == () and src.numel() == 1):
-                            raise LookupError(f"piece {piece}: shape {tuple(src.shape)} is not {shape}")
-                        src = src.reshape(1) if src.dim() == 0 else src
-                        if n is not None:
-                            src = src.narrow(0, lead, n)
-                        if src.device != device:
-                            src = src.to(device)
-                        dsts.append(buf[off * ROW:off * ROW + nbytes].view(dtype).view(src.shape))
-                        srcs.append(src)
-                    _copy(dsts, srcs)
-                out.append(self._fold(buf.view(rows, ROW), device, k))
-                owners.extend(s[0] for s in segs)
-            host = torch.cat([o.cpu() for o in out]).tolist() if out else []
-        digests = [[0] * COLS for _ in self.specs]
-        for piece, sums in zip(owners, host):
-            d = digests[piece]
-            for c in range(COLS):
-                d[c] += sums[c]
-        return digests
-
-    def _fold(self, x, device, k: int):
-        import torch
-
-        local, starts, ends, need = self._indices(device, k)
-        b, a = _device_consts(device, need)
-        y = ROUTES[route(device)](x, b)
-        prod = torch.cumsum(y.to(torch.int64) * a[local], 0)
-        prod = torch.nn.functional.pad(prod, (0, 0, 1, 0))
-        return prod[ends] - prod[starts]
-
-
-def _copy(dsts, srcs) -> None:
+def partials(t, dtype=None):
+    """Device int64 ``[n, COLS]`` whose column sums are ``t``'s digest as ``dtype``."""
     import torch
 
-    foreach = getattr(torch, "_foreach_copy_", None)
-    if foreach is not None:
-        try:
-            foreach(dsts, srcs)
-            return
-        except (RuntimeError, TypeError, NotImplementedError):
-            pass  # this build / device: one copy per piece
-    for d, s in zip(dsts, srcs):
-        d.copy_(s)
-
-
-_plans: dict = {}
-PLANS = 256
-"""Plans kept (one per distinct list of piece shapes: exact mode has one, sample mode one per slice)."""
-
-
-def plan(specs) -> Plan:
-    key = tuple((tuple(int(s) for s in shape), str(dtype)) for shape, dtype in specs)
-    with _lock:
-        p = _plans.get(key)
-    if p is None:
-        p = Plan(specs)
-        with _lock:
-            if len(_plans) >= PLANS:
-                _plans.pop(next(iter(_plans)))
-            _plans[key] = p
-    return p
-
-
-class _Given:
-    def __init__(self, tensors):
-        self.tensors = tensors
-
-    def __enter__(self):
-        return self.tensors
-
-    def __exit__(self, *exc):
-        return False
+    with torch.no_grad():
+        t = t.detach()
+        return ROUTES[route(t.device)](t.reshape(1) if t.dim() == 0 else t, dtype or t.dtype)
 
 
 def digests(pieces, dtypes=None) -> list:
-    """Digests of ``pieces`` (tensors), each written as its entry of ``dtypes`` (default: its own)."""
-    dtypes = dtypes or [p.dtype for p in pieces]
-    p = plan([(tuple(t.shape), d) for t, d in zip(pieces, dtypes)])
-    return p.run(lambda idx: _Given({i: pieces[i] for i in idx}))
+    """Digests (lists of :data:`COLS` ints) of ``pieces`` (tensors), each written as its entry
+    of ``dtypes`` (default: its own). One device-to-host copy per device."""
+    return collect([partials(t, d) for t, d in zip(pieces, dtypes or [p.dtype for p in pieces])])
+
+
+def collect(parts: list) -> list:
+    """Digests from :func:`partials` results: one host copy per device, sums in Python integers."""
+    import torch
+
+    by_device: dict = {}
+    for i, p in enumerate(parts):
+        by_device.setdefault(str(p.device), []).append(i)
+    out = [None] * len(parts)
+    for idx in by_device.values():
+        host = torch.cat([parts[i] for i in idx]).cpu().tolist()
+        pos = 0
+        for i in idx:
+            rows = host[pos:pos + parts[i].shape[0]]
+            pos += parts[i].shape[0]
+            out[i] = [sum(r[c] for r in rows) for c in range(COLS)]
+    return out
 
 
 def reference(t, dtype=None) -> list:
@@ -318,10 +252,8 @@ def reference(t, dtype=None) -> list:
     import torch
 
     dtype = dtype or t.dtype
-    raw = t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.int8)
-    rows = _rows(raw.numel())
-    x = torch.zeros(rows * ROW, dtype=torch.int8)
-    x[:raw.numel()] = raw
-    y = _exact(x.view(rows, ROW), b_matrix()).tolist()
-    a = a_table(rows).tolist()
-    return [sum(y[r][c] * a[r][c] for r in range(rows)) for c in range(COLS)]
+    x = _words(t.detach().to("cpu").reshape(-1), dtype).tolist()
+    p = p_table().tolist()
+    q = q_table(len(x)).tolist()
+    return [sum(q[r][c] * sum(x[r][k] * p[k][c] for k in range(K)) for r in range(len(x)))
+            for c in range(COLS)]

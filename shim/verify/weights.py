@@ -21,8 +21,9 @@ How it is wired (explicit per-engine objects, no thread-locals):
   the weights vLLM is about to sample from.
 
 Modes: ``exact`` (``1``, the default: every mapped tensor at every check) and ``sample``
-(:data:`shim.verify.compare.TENSORS` whole tensors per check, a different slice each time,
-so every mapped tensor is compared within ``ceil(mapped / TENSORS)`` consecutive checks).
+(:data:`shim.verify.compare.TENSORS` tensors per check, a different slice each time, so every
+mapped tensor is compared within ``ceil(mapped / TENSORS)`` consecutive checks; of each about
+:data:`shim.verify.compare.ELEMENTS` elements in strided rows, the first row moving on each pass).
 
 Never silently off: when verification is asked for and an engine or trainer cannot be
 verified (a verify record standing down or failed, a trainer model that cannot be
@@ -364,10 +365,12 @@ def _verify(llm, target: Target, mode: str) -> "list | None":
     if target.descs is None or target.mode != mode:
         if not _prepare(llm, target, model, mode):
             return None
-    names = target.mapped if mode == config.VERIFY_EXACT else compare.window(target.mapped, target.checks)
+    exact = mode == config.VERIFY_EXACT
+    names = target.mapped if exact else compare.window(target.mapped, target.checks)
+    spec = None if exact else compare.sample(target.checks, len(target.mapped))
     target.checks += 1
-    results = transport.run_on_workers(llm, {"names": names})
-    return compare.compare(results, target.descs, names, target.params)
+    results = transport.run_on_workers(llm, {"names": names, "sample": spec})
+    return compare.compare(results, target.descs, names, target.params, spec)
 
 
 def _prepare(llm, target: Target, model, mode: str) -> bool:
@@ -399,8 +402,8 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
         what = "every mapped tensor at every check"
     else:
         per = min(compare.TENSORS, len(good))
-        what = (f"{per} whole tensors per check, rotating: each within {math.ceil(len(good) / per)} "
-                "consecutive checks")
+        what = (f"{per} tensors per check (~{compare.ELEMENTS} elements each, strided rows), rotating: each "
+                f"within {math.ceil(len(good) / per)} consecutive checks")
     log.info(f"verify-weights {name} ({target.site}): comparing {len(good)} of {total} engine tensors with the "
              f"trainer's before each generate ({mode}: {what}; exact digests on the device; "
              f"{len(target.descs)} worker(s), {transport.where(llm)})")
