@@ -62,6 +62,7 @@ TARGETS = {
     "vllm-sleep-check": ("vllm", "0.24.0"),
     "vllm-llm-sleep-check": ("vllm", "0.24.0"),
     "trl-vlm-encoder-cache": ("trl", "1.16.0"),
+    "trl-lora-merge-drift": ("trl", "1.16.0"),
     "vllm-prefix-reset-check": ("vllm", "0.24.0"),
     "vllm-level2-buffers": ("vllm", "0.24.0"),
     "vllm-ascend-level2-buffers": ("vllm-npu", "0.24.0"),
