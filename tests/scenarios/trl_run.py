@@ -16,7 +16,8 @@ the stand-in's fingerprints.
 
 ``--lora`` (GRPO/RLOO): the trainer model is loaded in bfloat16 and TRL wraps it in a PEFT LoRA
 (``peft_config``: rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so ``lora.Linear`` and
-``lora.Embedding`` layers). At every generate the observation also records, through
+``lora.Embedding`` layers; ``init_lora_weights=False``, so every push, the first one too, carries
+a real delta). At every generate the observation also records, through
 ``tests.support.lora_check``: how many elements of the frozen base tensors differ (bytes) from
 the trainer's model right after TRL built it (``base_changed``), how many engine elements are
 further than one bfloat16 rounding from the trainer's base plus adapter merged out of place
@@ -138,7 +139,7 @@ def main():
             from peft import LoraConfig
             from transformers import AutoModelForCausalLM
 
-            extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+            extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
                                               target_modules=["q_proj", "v_proj", "embed_tokens"])
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
         else:
