@@ -12,13 +12,13 @@ student therefore loads the whole teacher onto every rank (``device_map=cuda:N``
 ``teacher_deepspeed zero3`` partitions it only afterwards, in ``prepare_deepspeed``.
 The shim wraps ``_prepare_single_model`` (the class attribute of the concrete
 module, 3.10.x ``swift.llm.train.rlhf``, 4.x ``swift.pipelines.train.rlhf``) with
-``shim.swift_teacher.load_wrapper`` and, for the teacher only:
+``shim.swift.teacher.load_wrapper`` and, for the teacher only:
 
 1. preflight, before anything of the teacher is read but its ``config.json``:
    parameters x dtype bytes, per rank under the placement the load will really use
    (whole model, or /world_size when partitioned; 0 on the device with ZeRO-3
    parameter offload), against the device's free memory
-   (``shim.deepspeed_teacher``). Too big: ONE ``TeacherWontFit`` error naming the
+   (``shim.deepspeed.teacher``). Too big: ONE ``TeacherWontFit`` error naming the
    numbers and the fixes. It runs whether or not step 2 applies, so the user is
    told about a teacher that cannot fit even partitioned;
 2. when the teacher's config is ZeRO-3 and the global one is not: the load runs
@@ -32,7 +32,8 @@ Stands down (probe, on the code of ``_prepare_single_model``) where it already
 builds a DeepSpeed config or ``zero.Init`` context for the teacher itself, or
 where the code no longer has the shape above.
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 ID = "swift-gkd-teacher-zero3"
 _ALREADY = ("HfTrainerDeepSpeedConfig", "HfDeepSpeedConfig", "zero.Init", "set_hf_deepspeed_config",
@@ -46,25 +47,25 @@ def _probe(module):
     cls = getattr(module, "SwiftRLHF", None)
     func = getattr(cls, "_prepare_single_model", None) if cls is not None else None
     if func is None:
-        return "upstream shape changed: no SwiftRLHF._prepare_single_model"
+        return changed("no SwiftRLHF._prepare_single_model")
     try:
         source = inspect.getsource(func)
         params = list(inspect.signature(func).parameters)
     except (OSError, TypeError, ValueError) as exc:
-        return f"upstream shape changed: source not readable ({exc})"
+        return changed(f"source not readable ({exc})")
     if any(token in source for token in _ALREADY):
         return "ms-swift already loads a ZeRO-3 teacher under its own config"
     missing = [t for t in _EXPECTED if t not in source]
     if missing or params[:2] != ["self", "key"]:
-        return f"upstream shape changed: _prepare_single_model lacks {', '.join(missing) or 'key'}"
+        return changed(f"_prepare_single_model lacks {', '.join(missing) or 'key'}")
     return None
 
 
 def _make_apply(patch_id):
     def apply(module, patcher):
-        from shim import swift_teacher
+        from shim.swift import teacher
 
-        patcher.wrap(module.SwiftRLHF, "_prepare_single_model", swift_teacher.load_wrapper(module, patch_id))
+        patcher.wrap(module.SwiftRLHF, "_prepare_single_model", teacher.load_wrapper(module, patch_id))
 
     return apply
 
@@ -80,7 +81,8 @@ _COMMON = dict(
 )
 
 PATCH_3_10 = Patch(id=ID, affected=">=3.10.0,<4.0.0", module="swift.llm.train.rlhf", apply=_make_apply(ID),
+                   tested_at=("swift", "3.10.1"),
                    **_COMMON)
 PATCH_4 = Patch(id=ID + "-4x", affected=">=4.0.0", module="swift.pipelines.train.rlhf",
-                apply=_make_apply(ID + "-4x"), **_COMMON)
+                apply=_make_apply(ID + "-4x"), tested_at=("swift", "4.6.0"), **_COMMON)
 PATCHES = [PATCH_3_10, PATCH_4]

@@ -26,8 +26,9 @@ when the rollout needs no push and the trainer is offloaded (``enable_offload``)
 Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
 order in 4.0.0-4.5.3, the same fix in 4.6.0).
 """
-from shim import swift_wake_order
-from shim.patching import Patch
+from shim.engine.patch import Patch
+from shim.engine.probes import changed
+from shim.swift import wake_order
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
 _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
@@ -39,15 +40,15 @@ def _probe_class(cls, name: str, own: bool):
 
     fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
     if fast is None or not hasattr(cls, "offload_context"):
-        return f"upstream shape changed: {name}._fast_infer/offload_context not found"
+        return changed(f"{name}._fast_infer/offload_context not found")
     source = inspect.getsource(fast)
     if any(marker in source for marker in _FIXED):
         return f"fixed upstream ({name}._fast_infer wakes the weights early only before a push)"
     early = min((i for i in (source.find(e) for e in _EARLY) if i >= 0), default=-1)
     context, late = source.find("with context()"), source.find(_LATE)
     if not (0 <= early < context < late) or "_last_loaded_step" not in source:
-        return (f"upstream shape changed: {name}._fast_infer does not wake the weights before offload_context "
-                "and the kv_cache inside it")
+        return (changed(f"{name}._fast_infer does not wake the weights before offload_context "
+                "and the kv_cache inside it"))
     return None
 
 
@@ -55,7 +56,7 @@ def probe(module):
     """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
-        return "upstream shape changed: RolloutTrainerMixin not found"
+        return changed("RolloutTrainerMixin not found")
     return _probe_class(cls, "RolloutTrainerMixin", own=False)
 
 
@@ -64,20 +65,21 @@ def probe_grpo(module):
     ``wake_up(tags=['weights'])``, 3.8-3.9 through ``kwargs``)."""
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
-        return "upstream shape changed: GRPOTrainer not found"
+        return changed("GRPOTrainer not found")
     return _probe_class(cls, "GRPOTrainer", own=True)
 
 
 def apply(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", swift_wake_order.fast_infer)
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", wake_order.fast_infer)
 
 
 def apply_grpo(module, patcher):
-    patcher.wrap(module.GRPOTrainer, "_fast_infer", swift_wake_order.fast_infer)
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", wake_order.fast_infer)
 
 
 PATCH = Patch(
     id="swift-resample-wake-order",
+    tested_at=("swift", "4.5.3"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=4.0.0,<4.6.0",
@@ -93,6 +95,7 @@ PATCH = Patch(
 
 PATCH_3X = Patch(
     id="swift-resample-wake-order-3x",
+    tested_at=("swift", "3.10.1"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=3.10.0,<4.0.0",
@@ -105,6 +108,7 @@ PATCH_3X = Patch(
 
 PATCH_GRPO = Patch(
     id="swift-grpo-resample-wake-order",
+    tested_at=("swift", "3.9.3"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=3.6.0,<3.10.0",

@@ -18,7 +18,8 @@ its bytes. Non-PEFT models, FSDP and layers the out-of-place path cannot reprodu
 code unchanged. Stands down where ``_iter_named_params`` no longer merges in place (no
 ``merge_adapter``/``unmerge_adapter`` in it).
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 _NAMES = {"merge_adapter", "unmerge_adapter"}
 
@@ -29,7 +30,7 @@ def probe(module):
     cls = getattr(module, "VLLMGeneration", None)
     fn = inspect.unwrap(getattr(cls, "_iter_named_params", None) or (lambda: None))
     if not inspect.isgeneratorfunction(fn):
-        return "upstream shape changed: VLLMGeneration._iter_named_params is not a generator"
+        return changed("VLLMGeneration._iter_named_params is not a generator")
     if not _NAMES <= set(fn.__code__.co_names):
         return "upstream merges out of place (_iter_named_params calls no merge_adapter/unmerge_adapter)"
     return None
@@ -43,6 +44,8 @@ def apply(module, patcher):
 
 PATCH = Patch(
     id="trl-lora-merge-drift",
+    kind="fix",
+    tested_at=("trl", "1.16.0"),
     issue="trl LoRA merge drift (in-place merge_adapter/unmerge_adapter)",
     distribution="trl",
     affected=">=1.11.0",

@@ -1,7 +1,7 @@
 import pytest
 
-from shim import config
-from shim.versions import in_range, installed
+from shim.engine import config
+from shim.engine.versions import in_range, installed
 
 
 @pytest.mark.parametrize("version,spec,expected", [
@@ -28,6 +28,13 @@ def test_installed():
 def test_flags(monkeypatch, value, expected):
     monkeypatch.setenv(config.SHIM_STRICT, value)
     assert config.strict() is expected
+
+
+def test_strict_never_raises_where_failures_are_handled_and_validate_reports_it(monkeypatch):
+    monkeypatch.setenv(config.SHIM_STRICT, "2")
+    assert config.strict() is False  # a bad value is off where a failure is handled ...
+    with pytest.raises(config.ConfigError, match="SHIM_STRICT='2' is not valid"):
+        config.validate()  # ... and one error at activation
 
 
 def test_bad_flag_names_variable_and_values(monkeypatch):

@@ -27,7 +27,8 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from shim import log, telemetry
+from shim.engine import log
+from shim.observe import events
 
 _LORA_CLASSES = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")
 _told: set = set()  # stand-down reasons already logged (one WARNING each per process)
@@ -136,7 +137,7 @@ class _Push:
             log.warning(f"trl-lora-merge-drift: {len(self.pending)} LoRA base tensor(s) were not pushed through the "
                         f"iterator: the engine may hold them without the adapter (upstream shape changed?)")
         if self.merged:
-            telemetry.count("lora_pushes_out_of_place")
+            events.count("lora_pushes_out_of_place")
         self.pending, self.copies, self.merged = {}, {}, 0
 
     def tensor(self, tensor):
@@ -151,8 +152,8 @@ class _Push:
             self.copies.update({(layer, n): t for n, t in merged.items() if n != name})
             merged = merged[name]
         if merged.shape != tensor.shape:  # not the tensor we noted: push what upstream yielded
-            log.warning(f"trl-lora-merge-drift: a yielded tensor shares a LoRA base weight's storage but not its "
-                        f"shape; pushed as yielded")
+            log.warning("trl-lora-merge-drift: a yielded tensor shares a LoRA base weight's storage but not its "
+                        "shape; pushed as yielded")
             return tensor
         self.merged += 1
         return merged

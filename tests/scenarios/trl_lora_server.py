@@ -112,11 +112,11 @@ def main():
                       "beyond": None if a.dora else  # DoRA merges differently: no out-of-place reference here
                       lora_check.beyond_one_rounding(server.weights, lora_check.reference(model), torch.bfloat16),
                       "effect": None if a.dora else lora_check.adapter_effect(model, torch.bfloat16)})
-    from shim import patching
+    from shim.engine import registry
 
     print(json.dumps({"trl": trl.__version__, "syncs": syncs, "updates": server.updates, "resets": server.resets,
                       "received": len(server.weights), "shim_warnings": warnings,
-                      "decisions": {k: d.text() for k, d in patching.decisions().items()}}))
+                      "decisions": {k: d.text() for k, d in registry.decisions().items()}}))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ def _delta(layer, adapter):
 def reference(model) -> dict:
     """vLLM name -> (float32 merged tensor, float32 sum of |delta|) for every base tensor of ``model``."""
     import torch
-
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     deltas = {}
@@ -96,7 +95,6 @@ def adapter_effect(model, dtype) -> dict:
     """LoRA layer class name -> elements of its base weights that the adapter moves by more than one
     rounding (summed over the model's layers of that class)."""
     import torch
-
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     count: dict = {}

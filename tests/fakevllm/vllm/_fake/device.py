@@ -32,8 +32,6 @@ import os
 import threading
 import types
 
-import torch
-
 from . import CONTEXT_BYTES, DEVICE_TYPE, ROCM, TOTAL_GB, bypass_mode, log_event
 
 
