@@ -37,6 +37,7 @@ INDEX = (
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),
     ("trl-vlm-encoder-cache", "trl_vlm_encoder_cache", "trl.generation.vllm_generation"),
     ("trl-lora-merge-drift", "trl_lora_merge_drift", "trl.generation.vllm_generation"),
+    ("swift-lora-merge-drift", "swift_lora_merge_drift", "swift.rlhf_trainers.rollout_mixin"),
     ("vllm-prefix-reset-check", "vllm_prefix_reset_check", "vllm.v1.engine.llm_engine"),
     ("vllm-level2-buffers", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
     ("vllm-ascend-level2-buffers", "vllm_level2_buffers", "vllm_ascend.worker.worker"),

@@ -13,8 +13,8 @@ reads the merged base tensors, and ``model.unmerge_adapter()`` subtracts the del
 later pushes read the moved base. ``shim.trl.lora_merge`` wraps ``VLLMGeneration._iter_named_params``
 (the one iterator the colocate push and the server-mode stream both read): for a ``peft.PeftModel`` the
 merge and unmerge write nothing and each LoRA base tensor is replaced, as it is yielded, by PEFT's own
-merge of its layer applied to a copy; the engine receives what upstream's merge gives it, the base keeps
-its bytes. Non-PEFT models, FSDP and layers the out-of-place path cannot reproduce exactly run upstream's
+merge of its layer applied to a copy (``shim.peft.merge``, shared with ``swift-lora-merge-drift``); the
+engine receives what upstream's merge gives it, the base keeps its bytes. Non-PEFT models, FSDP and layers the out-of-place path cannot reproduce exactly run upstream's
 code unchanged. Stands down where ``_iter_named_params`` no longer merges in place (no
 ``merge_adapter``/``unmerge_adapter`` in it).
 """
