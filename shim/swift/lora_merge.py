@@ -1,11 +1,11 @@
-"""ms-swift's PEFT weight push with the LoRA adapter merged out of place (patch ``swift-lora-merge-drift``).
+"""ms-swift's PEFT weight push with the LoRA adapter merged out of place (``swift-lora-merge-drift``, ``-3x``).
 
-ms-swift 4.5-4.6 ``RolloutTrainerMixin._move_model_to_vllm``: with ``--tuner_type lora`` and vLLM's
+ms-swift 3.10-4.6 ``RolloutTrainerMixin._move_model_to_vllm``: with ``--tuner_type lora`` and vLLM's
 own LoRA off, ``_move_full_model_to_vllm`` runs per parameter group ``patch_lora_merge`` (each
 LoraLayer's ``merge`` restricted to the group), ``model.merge_adapter()``, collects the group's
-``param.data`` under vLLM's names and hands them to ``_load_state_dict_to_vllm`` (colocate:
-``load_weights(state_dict.items())``; server: flattened buckets or ``update_named_param``), then
-``model.unmerge_adapter()``. With vLLM's LoRA on, ``_move_adapter_to_vllm`` merges and unmerges too,
+``param.data`` (3.x: ``model.state_dict()``, tensors sharing the parameters' storage) under vLLM's
+names and hands them to ``_load_state_dict_to_vllm`` (colocate: ``load_weights(state_dict.items())``;
+server: flattened buckets or ``update_named_param``), then ``model.unmerge_adapter()``. With vLLM's LoRA on, ``_move_adapter_to_vllm`` merges and unmerges too,
 around ``get_peft_model_state_dict``, which reads the adapter tensors only.
 
 :func:`move_model_to_vllm` wraps one push: ``shim.peft.merge.Push`` stands in for the model's merge
@@ -26,7 +26,6 @@ from contextlib import contextmanager
 
 from shim.peft import merge
 
-PATCH_ID = "swift-lora-merge-drift"
 LOAD = "_load_state_dict_to_vllm"
 
 
@@ -69,11 +68,14 @@ def _loading_merged(trainer, push):
         delattr(trainer, LOAD)
 
 
-def move_model_to_vllm(wrapped, instance, args, kwargs):
-    """Wrapper of ``RolloutTrainerMixin._move_model_to_vllm``."""
-    model = getattr(instance, "model", None)
-    push = merge.plan(PATCH_ID, model, why_not=_why_not(instance), whole=False)
-    if push is None:
-        return wrapped(*args, **kwargs)
-    with push.standing_in(), _loading_merged(instance, push):
-        return wrapped(*args, **kwargs)
+def move_model_to_vllm(patch_id: str):
+    """Wrapper of ``RolloutTrainerMixin._move_model_to_vllm`` for the record ``patch_id``."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        push = merge.plan(patch_id, getattr(instance, "model", None), why_not=_why_not(instance), whole=False)
+        if push is None:
+            return wrapped(*args, **kwargs)
+        with push.standing_in(), _loading_merged(instance, push):
+            return wrapped(*args, **kwargs)
+
+    return wrapper

@@ -26,7 +26,7 @@ forward computes with (base + the slot of the request's adapter,
 ``vllm._fake.lora.effective_weights``) with the trainer's merged weights
 (base + scaling x B @ A), within 1e-6.
 
-``--lora-merge`` (4.x): ``--tuner_type lora`` with vLLM's own LoRA off, so ms-swift merges the
+``--lora-merge`` (3.10+): ``--tuner_type lora`` (3.x: ``--train_type lora``) with vLLM's own LoRA off, so ms-swift merges the
 adapter into every full push (``_move_full_model_to_vllm``: ``merge_adapter``, push, ``unmerge_adapter``).
 The trainer model is the model in bfloat16 wrapped by ``peft.get_peft_model`` (what ``--tuner_type
 lora`` builds through ``Swift.prepare_model``; rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so
@@ -77,7 +77,7 @@ def parse():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lora", action="store_true", help="--train_type lora --vllm_enable_lora true (3.10.x)")
     p.add_argument("--lora-merge", action="store_true",
-                   help="4.x: --tuner_type lora without vLLM LoRA (the adapter merged into every full push), bf16")
+                   help="3.10+: --tuner_type lora without vLLM LoRA (the adapter merged into every full push), bf16")
     p.add_argument("--vllm-lora", action="store_true",
                    help="with --lora-merge: vLLM's own LoRA on (--vllm_enable_lora true), adapter on q_proj/v_proj")
     p.add_argument("--offload", action="store_true",
@@ -89,6 +89,24 @@ def parse():
                    help="after set-up, torch.cuda.is_available() answers True (the hardware a CUDA user has), so "
                         "ms-swift's CUDA-only set_expandable_segments acts")
     return p.parse_args()
+
+
+def lora_merge_args(config_class, a) -> dict:
+    """--lora-merge: ``--tuner_type lora`` (3.x: ``--train_type lora``), vLLM's LoRA as ``--vllm-lora`` says."""
+    import dataclasses
+
+    key = "tuner_type" if "tuner_type" in {f.name for f in dataclasses.fields(config_class)} else "train_type"
+    return {key: "lora", "vllm_enable_lora": a.vllm_lora, "lora_rank": 4}
+
+
+def lora_merge_model(model, a):
+    """--lora-merge: the model wrapped by ``peft.get_peft_model`` (what ``Swift.prepare_model`` builds for a
+    LoraConfig), rank 4, adapter weights initialised non-zero."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "v_proj"] + ([] if a.vllm_lora else ["embed_tokens"])
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                            target_modules=targets))
 
 
 def main():
@@ -127,12 +145,14 @@ def main():
                       sleep_level=a.level, use_cpu=True, per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=6, vllm_gpu_memory_utilization=0.3, vllm_max_model_len=128,
                       report_to="none", **(dict(train_type="lora", vllm_enable_lora=True, lora_rank=8)
-                                           if a.lora else dict(tuner_type="lora", vllm_enable_lora=a.vllm_lora,
-                                                               lora_rank=4) if a.lora_merge else {}))
+                                           if a.lora else lora_merge_args(GRPOConfig, a) if a.lora_merge else {}))
     try:  # 3.10.x
         from swift.llm import get_model_tokenizer, get_template
-        model, tok = get_model_tokenizer(a.model, torch.float32, model_type="qwen2")
+        model, tok = get_model_tokenizer(a.model, torch.bfloat16 if a.lora_merge else torch.float32,
+                                         model_type="qwen2")
         template = get_template(model.model_meta.template, tok)
+        if a.lora_merge:
+            model = lora_merge_model(model, a)
         if a.lora:  # what ms-swift's prepare_adapter builds for --train_type lora (all-linear, rank 8, alpha 32)
             from swift.tuners import LoraConfig, Swift
             model = Swift.prepare_model(model, LoraConfig(
@@ -144,10 +164,7 @@ def main():
                                          model_type="qwen2")
         template = get_template(tok, template_type="qwen")
         if a.lora_merge:
-            from peft import LoraConfig, get_peft_model
-            targets = ["q_proj", "v_proj"] + ([] if a.vllm_lora else ["embed_tokens"])
-            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                                                     target_modules=targets))
+            model = lora_merge_model(model, a)
 
     from tests.support.swift_trainer import bare_trainer
 

@@ -2,15 +2,17 @@
 
     python tests/scenarios/trl_lora_server.py --out DIR [--shim before|off] [--syncs 4] [--dora]
 
-Run with a TRL release (1.11+), tests/fakevllm and the repository on PYTHONPATH (tests do this
-through ``tests.support.trl_support.run_trl_script``). A real ``GRPOTrainer`` is built in colocate
+Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests do this through
+``tests.support.trl_support.run_trl(..., script=...)``). A real ``GRPOTrainer`` is built in colocate
 mode on the vLLM stand-in (so that building it needs no server), with ``peft_config`` a LoRA of rank
 4 on ``q_proj``, ``v_proj`` and ``embed_tokens`` of a bfloat16 model, adapter weights initialised
 non-zero (``init_lora_weights=False``: the push carries a real delta from the first sync; ``--dora``:
-``use_dora=True``, a LoRA variant the shim leaves to upstream). Its
-``VLLMGeneration`` is then switched to ``mode="server"`` with ``vllm_client`` a :class:`Server`,
-and ``sync_weights()`` is called ``--syncs`` times: TRL's own server-mode path (the metadata pass
-on the first sync, then the stream, then ``reset_prefix_cache``).
+``use_dora=True``, a LoRA variant the shim leaves to upstream). What pushes (its ``VLLMGeneration``,
+0.28+, or the trainer itself, 0.23-0.27) is then switched to server mode (``mode`` /
+``vllm_mode``) with ``vllm_client`` a :class:`Server`, and its push (``sync_weights()`` /
+``_move_model_to_vllm()``) is called ``--syncs`` times: TRL's own server-mode path (1.11+: the
+metadata pass on the first sync, then the stream; before: ``update_named_param`` per tensor; then
+``reset_prefix_cache``).
 
 After each sync the summary records, through ``tests.support.lora_check``: the frozen base
 elements whose bytes differ from the model TRL built (``base_changed``), the received elements
@@ -36,10 +38,16 @@ class Server:
     order, and the server's workers receive each tensor (the NCCL receive needs the announced dtype
     and shape, so a tensor that differs is an error here as it is a hang or garbage there); what a
     worker receives is what its ``load_weights`` writes, kept here as a float32 copy by name.
-    ``reset_prefix_cache()`` is counted."""
+    ``update_named_param(name, weights)`` mirrors the one-tensor call of TRL 0.23-1.10's client (the
+    tensor announced with its dtype and shape, then broadcast). ``reset_prefix_cache()`` is counted."""
 
     def __init__(self):
         self.weights, self.resets, self.updates = {}, 0, 0
+
+    def update_named_param(self, name, weights):
+        import torch
+
+        self.weights[name] = weights.detach().to(torch.float32, copy=True)
 
     def update_named_params(self, metadata, named_params):
         import torch
@@ -101,13 +109,17 @@ def main():
                               reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=cfg,
                               train_dataset=Dataset.from_dict({"prompt": ["the cat is"] * 8}),
                               peft_config=peft_config)
-    gen, model = trainer.vllm_generation, trainer.model
+    model = trainer.model
     base_before = lora_check.base_snapshot(model)
     server = Server()
-    gen.mode, gen.vllm_client = "server", server
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is not None:  # 0.28+
+        gen.mode, gen.vllm_client, push = "server", server, gen.sync_weights
+    else:  # 0.23-0.27: the trainer pushes itself
+        trainer.vllm_mode, trainer.vllm_client, push = "server", server, trainer._move_model_to_vllm
     syncs = []
     for _ in range(a.syncs):
-        gen.sync_weights()
+        push()
         syncs.append({"base_changed": lora_check.changed_elements(model, base_before),
                       "beyond": None if a.dora else  # DoRA merges differently: no out-of-place reference here
                       lora_check.beyond_one_rounding(server.weights, lora_check.reference(model), torch.bfloat16),
