@@ -2,7 +2,7 @@
 
     python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
-        [--rollout default|openenv] [--skip-push NAME]
+        [--rollout default|openenv] [--skip-push NAME] [--lora]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
@@ -13,6 +13,15 @@ Observation (test-side instrumentation of the stand-in, not of TRL): at every
 real ``LLM.generate``/``LLM.chat`` it compares the engine's weights with the
 trainer model's current parameters and with the initial checkpoint, through
 the stand-in's fingerprints.
+
+``--lora`` (GRPO/RLOO): the trainer model is loaded in bfloat16 and TRL wraps it in a PEFT LoRA
+(``peft_config``: rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so ``lora.Linear`` and
+``lora.Embedding`` layers; ``init_lora_weights=False``, so every push, the first one too, carries
+a real delta). At every generate the observation also records, through
+``tests.support.lora_check``: how many elements of the frozen base tensors differ (bytes) from
+the trainer's model right after TRL built it (``base_changed``), how many engine elements are
+further than one bfloat16 rounding from the trainer's base plus adapter merged out of place
+(``beyond``), and per LoRA layer class how many elements the adapter moves (``effect``).
 """
 import argparse
 import json
@@ -42,6 +51,7 @@ def parse():
     p.add_argument("--drop-llm-chat", action="store_true",
                    help="an LLM without chat (a vLLM shape the verify-weights-vllm probe does not accept); "
                         "use with --shim after so the class is changed before the shim's hook sees it")
+    p.add_argument("--lora", action="store_true", help="bf16 model wrapped by TRL in a PEFT LoRA (peft_config)")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -131,11 +141,25 @@ def main():
                 return {k: [r[k] for r in results] for k in ("prompt_ids", "completion_ids", "logprobs")}
 
             extra["rollout_func"] = rollout_func
-        trainer = Trainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds, **extra)
+        if a.lora:
+            import torch
+            from peft import LoraConfig
+            from transformers import AutoModelForCausalLM
+
+            extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                              target_modules=["q_proj", "v_proj", "embed_tokens"])
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        else:
+            model = model_dir
+        trainer = Trainer(model=model, reward_funcs=reward_len, args=cfg, train_dataset=ds, **extra)
     trainer_box["t"] = trainer
 
     checkpoint_fp = next(e["weights_fp"] for e in EVENTS if e["event"] == "load_model")
     observed = []
+    if a.lora:
+        from tests.support import lora_check
+
+        base_before = lora_check.base_snapshot(trainer.model)
 
     def observe(method):
         original = getattr(LLM, method)
@@ -146,6 +170,15 @@ def main():
             trainer_fp = fingerprint(trainer_box["t"].model.named_parameters())
             observed.append({"step": trainer_box["t"].state.global_step, "engine": engine_fp,
                              "trainer": trainer_fp, "checkpoint": engine_fp == checkpoint_fp})
+            if a.lora:
+                import torch
+
+                model = trainer_box["t"].model
+                observed[-1].update(
+                    base_changed=lora_check.changed_elements(model, base_before),
+                    beyond=lora_check.beyond_one_rounding(dict(engine_model.named_parameters()),
+                                                          lora_check.reference(model), torch.bfloat16),
+                    effect=lora_check.adapter_effect(model, torch.bfloat16))
             return original(self, *args, **kwargs)
 
         setattr(LLM, method, instrumented)
