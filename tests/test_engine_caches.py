@@ -87,3 +87,35 @@ def test_reset_that_keeps_failing_warns_once_strict_raises(model_dir):
     assert "retried with the engine idle: still False" in proc.stderr
     strict, proc = run(model_dir, ALWAYS_FALSE, shim=True, SHIM_STRICT="1")
     assert "vllm#28827" in strict["raised"] and strict["results"] == []
+
+
+FALSE_ONCE = """
+from vllm.v1.engine.llm_engine import LLMEngine
+calls = []
+def once_false(self, reset_running_requests=False):  # a transient failure: nothing is in flight
+    calls.append(reset_running_requests)
+    return len(calls) > 1
+LLMEngine._core_reset_prefix_cache = once_false
+llm = new_llm(enable_sleep_mode=False)
+R["unfinished"] = llm.llm_engine.has_unfinished_requests()
+R["result"] = llm.reset_prefix_cache()
+R["calls"] = calls
+"""
+
+
+def test_reset_false_once_with_nothing_in_flight_is_retried_at_once(model_dir):
+    """No request unfinished: the retry is a plain second reset (nothing to preempt), and it holds."""
+    off, _ = run(model_dir, FALSE_ONCE, shim=False)
+    assert off["unfinished"] is False and off["result"] is False and off["calls"] == [False]  # the bug: ignored
+    on, proc = run(model_dir, FALSE_ONCE, shim=True)
+    assert on["result"] is True and on["calls"] == [False, False], proc.stderr
+    assert "[shim] INFO reset_prefix_cache() returned False (KV blocks in use); retried with the engine idle: " \
+           "reset" in proc.stderr
+    assert "WARNING" not in proc.stderr
+
+
+def test_reset_that_keeps_failing_is_a_warning(model_dir):
+    """The report of a reset that stays False is WARNING-level (the level, not only the text)."""
+    on, proc = run(model_dir, ALWAYS_FALSE, shim=True)
+    lines = [line for line in proc.stderr.splitlines() if "returned False after a weight update" in line]
+    assert len(lines) == 1 and lines[0].startswith("[shim] WARNING "), proc.stderr
