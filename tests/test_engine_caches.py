@@ -13,7 +13,8 @@ import pytest
 
 from tests.support.envs import trl_path
 from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
-from tests.support.stand_in import FAKEVLLM, run
+from tests.support.stand_in import run
+from tests.support.trl_support import fake_site
 
 SCENARIO = REPO / "tests" / "scenarios" / "trl_vlm_run.py"
 
@@ -25,15 +26,16 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
 
 
-def vlm_run(trl_version, model_dir, *args, **env):
+def vlm_run(trl_version, model_dir, *args, vllm="0.24.0", **env):
     environment = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                             OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="ERROR", MASTER_PORT=rendezvous_port(),
                             **env)
     for k in [k for k in environment if k.startswith("FAKEVLLM_")]:
         del environment[k]
+    environment["FAKEVLLM_VERSION"] = vllm
     code = (f"import runpy, sys; sys.argv = ['trl_vlm_run', '--model', {str(model_dir)!r}] + {list(args)!r}; "
             f"runpy.run_path({str(SCENARIO)!r}, run_name='__main__')")
-    proc = run_python(code, path=[trl_path(trl_version), FAKEVLLM], env=environment, timeout=600)
+    proc = run_python(code, path=[trl_path(trl_version), fake_site(vllm)], env=environment, timeout=600)
     return last_json(proc), proc
 
 
@@ -119,3 +121,17 @@ def test_reset_that_keeps_failing_is_a_warning(model_dir):
     on, proc = run(model_dir, ALWAYS_FALSE, shim=True)
     lines = [line for line in proc.stderr.splitlines() if "returned False after a weight update" in line]
     assert len(lines) == 1 and lines[0].startswith("[shim] WARNING "), proc.stderr
+
+
+def test_online_dpo_push_with_sleep_on_resets_the_encoder_cache(model_dir):
+    """Sleep on, where the sleep does not reset the caches (vLLM 0.16: ``reset_encoder_cache`` exists, the
+    reset inside ``EngineCore.sleep`` comes in 0.17; TRL 1.0.0 supports vLLM 0.10.2-0.17.1): OnlineDPO's
+    own push (``_move_model_to_vllm``, prefix reset only) runs through the shim's push path
+    (``shim.trl.colocate`` -> ``synced_llm.after_push``), the only place that resets the encoder cache
+    for it (``VLLMGeneration.sync_weights`` is not involved)."""
+    off, _ = vlm_run("1.0.0", model_dir, "--trainer", "online_dpo", "--sleep", "on", vllm="0.16.0")
+    assert off["trained_weights"] is True and off["stale_encoder_hits"] == 1  # trl#7198 in OnlineDPO
+    on, proc = vlm_run("1.0.0", model_dir, "--trainer", "online_dpo", "--sleep", "on", "--shim", "on",
+                       vllm="0.16.0")
+    assert on["trained_weights"] is True and on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 1, \
+        proc.stderr
