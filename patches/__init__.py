@@ -36,6 +36,7 @@ INDEX = (
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),
     ("trl-vlm-encoder-cache", "trl_vlm_encoder_cache", "trl.generation.vllm_generation"),
+    ("trl-sleep-level", "trl_sleep_level", "trl.generation.vllm_generation"),
     ("vllm-prefix-reset-check", "vllm_prefix_reset_check", "vllm.v1.engine.llm_engine"),
     ("vllm-level2-buffers", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
     ("vllm-ascend-level2-buffers", "vllm_level2_buffers", "vllm_ascend.worker.worker"),
