@@ -40,6 +40,7 @@ INDEX = (
     ("vllm-prefix-reset-check", "vllm_prefix_reset_check", "vllm.v1.engine.llm_engine"),
     ("vllm-level2-buffers", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
     ("vllm-ascend-level2-buffers", "vllm_level2_buffers", "vllm_ascend.worker.worker"),
+    ("vllm-ascend-moe-wake-layout", "vllm_ascend_moe_wake", "vllm_ascend.worker.worker"),
     ("verify-weights-vllm", "verify_weights", "vllm.entrypoints.llm"),
     ("verify-weights-trl", "verify_weights", "trl.generation.vllm_generation"),
     ("verify-weights-trl-grpo", "verify_weights", "trl.trainer.grpo_trainer"),
