@@ -17,6 +17,7 @@ INDEX = (
     ("trl-online-dpo-resync", "trl_online_dpo", "trl.experimental.online_dpo.online_dpo_trainer"),
     ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
     ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
+    ("swift-megatron-resample-wake-order", "swift_resample_wake_order", "swift.megatron.trainers.rollout_mixin"),
     # before swift-level2-resync / swift-grpo-level2-resync, whose wrappers of _fast_infer stay the outer ones on
     # 3.x (either order works: one acts at level 1 only, the other at level 2 only)
     ("swift-resample-wake-order-3x", "swift_resample_wake_order", "swift.trainers.rlhf_trainer.rollout_mixin"),
@@ -32,6 +33,8 @@ INDEX = (
     ("swift-gkd-teacher-zero3-4x", "swift_gkd_teacher_zero3", "swift.pipelines.train.rlhf"),
     ("swift-zero3-offload", "swift_zero3_offload", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("swift-grpo-zero3-offload", "swift_zero3_offload", "swift.trainers.rlhf_trainer.grpo_trainer"),
+    ("swift-gkd-offload-reload", "swift_offload_reload", "swift.rlhf_trainers.gkd_trainer"),
+    ("swift-grpo-offload-reload", "swift_offload_reload", "swift.rlhf_trainers.grpo_trainer"),
     ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),

@@ -41,6 +41,7 @@ and the live setting, ``True`` puts back exactly what the user had.
 import sys
 
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 
 def set_expandable_segments(enable: bool) -> None:
@@ -58,7 +59,7 @@ def _binder(utils_module):
     def probe(module):
         if not callable(getattr(module, "set_expandable_segments", None)):
             name = getattr(module, "__name__", "").rpartition(".")[2] or "rollout_mixin"
-            return f"upstream shape changed: {name}.set_expandable_segments not found"
+            return changed(f"{name}.set_expandable_segments not found")
         return None
 
     def apply(module, patcher):

@@ -33,6 +33,7 @@ builds a DeepSpeed config or ``zero.Init`` context for the teacher itself, or
 where the code no longer has the shape above.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 ID = "swift-gkd-teacher-zero3"
 _ALREADY = ("HfTrainerDeepSpeedConfig", "HfDeepSpeedConfig", "zero.Init", "set_hf_deepspeed_config",
@@ -46,17 +47,17 @@ def _probe(module):
     cls = getattr(module, "SwiftRLHF", None)
     func = getattr(cls, "_prepare_single_model", None) if cls is not None else None
     if func is None:
-        return "upstream shape changed: no SwiftRLHF._prepare_single_model"
+        return changed("no SwiftRLHF._prepare_single_model")
     try:
         source = inspect.getsource(func)
         params = list(inspect.signature(func).parameters)
     except (OSError, TypeError, ValueError) as exc:
-        return f"upstream shape changed: source not readable ({exc})"
+        return changed(f"source not readable ({exc})")
     if any(token in source for token in _ALREADY):
         return "ms-swift already loads a ZeRO-3 teacher under its own config"
     missing = [t for t in _EXPECTED if t not in source]
     if missing or params[:2] != ["self", "key"]:
-        return f"upstream shape changed: _prepare_single_model lacks {', '.join(missing) or 'key'}"
+        return changed(f"_prepare_single_model lacks {', '.join(missing) or 'key'}")
     return None
 
 

@@ -34,6 +34,7 @@ first sync runs without the trained adapter. 3.12.0 merges the adapter into ever
 it stands down by probe where ``_move_full_model_to_vllm`` merges or pushes the adapter itself.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 _FIXED = "sleep_level == 2"
 
@@ -67,10 +68,10 @@ def _probe_class(cls, name: str, own: bool):
 
     fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
     if fast is None or not any(hasattr(cls, m) for m in ("_move_model_to_vllm", "_move_model_to_vllm_lmdeploy")):
-        return f"upstream shape changed: {name}._fast_infer/_move_model_to_vllm not found"
+        return changed(f"{name}._fast_infer/_move_model_to_vllm not found")
     source = inspect.getsource(fast)
     if "_last_loaded_step" not in source:
-        return f"upstream shape changed: {name}._fast_infer does not gate the push on _last_loaded_step"
+        return changed(f"{name}._fast_infer does not gate the push on _last_loaded_step")
     if _FIXED in source:
         return f"fixed upstream ({name}._fast_infer pushes after sleep_level == 2)"
     return None
@@ -79,9 +80,9 @@ def _probe_class(cls, name: str, own: bool):
 def probe(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
-        return "upstream shape changed: RolloutTrainerMixin not found"
+        return changed("RolloutTrainerMixin not found")
     if not all(hasattr(cls, m) for m in ("_move_full_model_to_vllm", "_move_adapter_to_vllm")):
-        return "upstream shape changed: RolloutTrainerMixin._move_full_model_to_vllm/_move_adapter_to_vllm not found"
+        return changed("RolloutTrainerMixin._move_full_model_to_vllm/_move_adapter_to_vllm not found")
     return _probe_class(cls, "RolloutTrainerMixin", own=False)
 
 
@@ -91,16 +92,16 @@ def probe_lora(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     names = ("_move_model_to_vllm", "_move_full_model_to_vllm", "_move_adapter_to_vllm")
     if cls is None or not all(hasattr(cls, m) for m in names):
-        return "upstream shape changed: RolloutTrainerMixin._move_model_to_vllm/_move_full_model_to_vllm/" \
-               "_move_adapter_to_vllm not found"
+        return changed("RolloutTrainerMixin._move_model_to_vllm/_move_full_model_to_vllm/" \
+               "_move_adapter_to_vllm not found")
     try:
         full, move = inspect.getsource(cls._move_full_model_to_vllm), inspect.getsource(cls._move_model_to_vllm)
     except (OSError, TypeError) as exc:
-        return f"upstream shape changed: RolloutTrainerMixin push methods not readable ({exc})"
+        return changed(f"RolloutTrainerMixin push methods not readable ({exc})")
     if "_move_adapter_to_vllm" in full or "should_merge_adapter" not in full:
         return "fixed upstream (RolloutTrainerMixin._move_full_model_to_vllm merges or pushes the adapter)"
     if _FIXED not in move:
-        return "upstream shape changed: _move_model_to_vllm does not push the full model after sleep_level == 2"
+        return changed("_move_model_to_vllm does not push the full model after sleep_level == 2")
     return None
 
 
@@ -111,7 +112,7 @@ def apply_lora(module, patcher):
 def probe_grpo(module):
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
-        return "upstream shape changed: GRPOTrainer not found"
+        return changed("GRPOTrainer not found")
     return _probe_class(cls, "GRPOTrainer", own=True)  # its own _fast_infer, not the 3.10+ mixin's
 
 

@@ -2,8 +2,9 @@
 
 Upstream: modelscope/ms-swift#10109 (PR: colocate offload and vLLM wake-up ordering), fixed in 4.6.0 (not in
           3.x); its other half, reloading only the models offload_context moved (#9793), is not this patch
-Affects:  ms-swift >=4.0.0,<4.6.0 (swift.rlhf_trainers), >=3.10.0,<4.0.0 (swift.trainers.rlhf_trainer rollout
-          mixin, 3.12.6 included) and >=3.6.0,<3.10.0 (GRPOTrainer) colocate rollouts with --sleep_level 1 and
+Affects:  ms-swift >=4.0.0,<4.6.0 (swift.rlhf_trainers; swift.megatron.trainers.rollout_mixin), >=3.10.0,<4.0.0
+          (swift.trainers.rlhf_trainer rollout mixin, 3.12.6 included) and >=3.6.0,<3.10.0 (GRPOTrainer) colocate
+          rollouts with --sleep_level 1 and
           --offload_model / --offload_optimizer, a second rollout in one training step (GRPO dynamic sampling,
           GKD per micro-batch, evaluation)
 Remove:   when the shim's minimum supported ms-swift is >=4.6.0
@@ -23,10 +24,13 @@ when the rollout needs no push and the trainer is offloaded (``enable_offload``)
 ``wake_up`` without ``tags`` (vLLM before tagged wakes) is left alone. Stands down by probe where
 ``_fast_infer`` already decides the wake on ``needs_weight_sync`` (4.6.0).
 
-Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
-order in 4.0.0-4.5.3, the same fix in 4.6.0).
+The Megatron mixin (``MegatronRolloutMixin._generate_completions``, ``swift megatron rlhf``) has the same
+order in every release 4.0.0-4.5.3 (read in the wheels: 4.0.0-4.2.x wake without ``aggressive_empty_cache``,
+4.5.3 sleeps in a ``finally``) and 4.6.0's fix; it keeps its step in ``_step`` instead of
+``state.global_step``. Record ``swift-megatron-resample-wake-order``, the same wrapper and probe.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 from shim.swift import wake_order
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
@@ -34,20 +38,20 @@ _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
 _LATE = "wake_up(tags=['kv_cache'])"
 
 
-def _probe_class(cls, name: str, own: bool):
+def _probe_class(cls, name: str, own: bool, method: str = "_fast_infer"):
     import inspect
 
-    fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
+    fast = vars(cls).get(method) if own else getattr(cls, method, None)
     if fast is None or not hasattr(cls, "offload_context"):
-        return f"upstream shape changed: {name}._fast_infer/offload_context not found"
+        return changed(f"{name}.{method}/offload_context not found")
     source = inspect.getsource(fast)
     if any(marker in source for marker in _FIXED):
-        return f"fixed upstream ({name}._fast_infer wakes the weights early only before a push)"
+        return f"fixed upstream ({name}.{method} wakes the weights early only before a push)"
     early = min((i for i in (source.find(e) for e in _EARLY) if i >= 0), default=-1)
     context, late = source.find("with context()"), source.find(_LATE)
     if not (0 <= early < context < late) or "_last_loaded_step" not in source:
-        return (f"upstream shape changed: {name}._fast_infer does not wake the weights before offload_context "
-                "and the kv_cache inside it")
+        return changed(f"{name}.{method} does not wake the weights before offload_context and the kv_cache "
+                       "inside it")
     return None
 
 
@@ -55,7 +59,7 @@ def probe(module):
     """4.0.0-4.5.3 and 3.10.0-3.12.6 (``swift.trainers.rlhf_trainer.rollout_mixin``): the same order."""
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
-        return "upstream shape changed: RolloutTrainerMixin not found"
+        return changed("RolloutTrainerMixin not found")
     return _probe_class(cls, "RolloutTrainerMixin", own=False)
 
 
@@ -64,8 +68,16 @@ def probe_grpo(module):
     ``wake_up(tags=['weights'])``, 3.8-3.9 through ``kwargs``)."""
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
-        return "upstream shape changed: GRPOTrainer not found"
+        return changed("GRPOTrainer not found")
     return _probe_class(cls, "GRPOTrainer", own=True)
+
+
+def probe_megatron(module):
+    """4.0.0-4.5.3 ``MegatronRolloutMixin._generate_completions``: the same order."""
+    cls = getattr(module, "MegatronRolloutMixin", None)
+    if cls is None:
+        return changed("MegatronRolloutMixin not found")
+    return _probe_class(cls, "MegatronRolloutMixin", own=False, method="_generate_completions")
 
 
 def apply(module, patcher):
@@ -90,6 +102,28 @@ PATCH = Patch(
             "offload_context, with the KV cache (as ms-swift 4.6.0)",
     verified="CPU: real ms-swift 4.5.3 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in; "
              "4.6.0 stands down",
+)
+
+
+def apply_megatron(module, patcher):
+    patcher.wrap(module.MegatronRolloutMixin, "_generate_completions", wake_order.generate_completions)
+
+
+PATCH_MEGATRON = Patch(
+    id="swift-megatron-resample-wake-order",
+    tested_at=("swift-megatron", "4.5.3"),
+    kind="fix",
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=4.0.0,<4.6.0",
+    fixed_in="4.6.0",
+    module="swift.megatron.trainers.rollout_mixin",
+    apply=apply_megatron,
+    probe=probe_megatron,
+    summary="MegatronRolloutMixin._generate_completions: a same-step rollout without a push wakes vLLM's weights "
+            "after offload_context, with the KV cache (as ms-swift 4.6.0)",
+    verified="CPU: real ms-swift 4.5.3 MegatronRolloutMixin (MegatronGRPOTrainer, offload_context, the weight push "
+             "through an HF-layout bridge) on the vLLM stand-in; 4.6.0 stands down",
 )
 
 PATCH_3X = Patch(
@@ -118,4 +152,4 @@ PATCH_GRPO = Patch(
     verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
 )
 
-PATCHES = [PATCH, PATCH_3X, PATCH_GRPO]
+PATCHES = [PATCH, PATCH_MEGATRON, PATCH_3X, PATCH_GRPO]

@@ -36,6 +36,7 @@ have the same gap in another shape (``offload_model(self)`` moves modules with
 ``module.to('cpu')``): not patched (out of range).
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 from shim.swift import zero3_offload
 
 _FIXED = "ds_tensor"
@@ -48,33 +49,33 @@ def _probe_class(module, cls, name: str, own: bool):
     for method in ("offload_model", "load_model"):
         func = vars(cls).get(method) if own else getattr(cls, method, None)
         if func is None:
-            return f"upstream shape changed: {name}.{method} not found"
+            return changed(f"{name}.{method} not found")
         try:
             methods[method] = (inspect.getsource(func), list(inspect.signature(func).parameters))
         except (OSError, TypeError, ValueError) as exc:
-            return f"upstream shape changed: {name}.{method} not readable ({exc})"
+            return changed(f"{name}.{method} not readable ({exc})")
     if any(_FIXED in source for source, _ in methods.values()):
         return f"fixed upstream ({name}.offload_model moves ds_tensor)"
     for method, (source, params) in methods.items():
         if params != ["self", "model"] or "param.data" not in source:
-            return f"upstream shape changed: {name}.{method}(self, model) does not move param.data"
+            return changed(f"{name}.{method}(self, model) does not move param.data")
     if "get_current_device" not in methods["load_model"][0] or not callable(getattr(module, "get_current_device",
                                                                                     None)):
-        return f"upstream shape changed: {name}.load_model does not use get_current_device"
+        return changed(f"{name}.load_model does not use get_current_device")
     return None
 
 
 def probe(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
-        return "upstream shape changed: RolloutTrainerMixin not found"
+        return changed("RolloutTrainerMixin not found")
     return _probe_class(module, cls, "RolloutTrainerMixin", own=False)
 
 
 def probe_grpo(module):
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
-        return "upstream shape changed: GRPOTrainer not found"
+        return changed("GRPOTrainer not found")
     return _probe_class(module, cls, "GRPOTrainer", own=True)
 
 

@@ -23,6 +23,7 @@ appends to ``log_history`` before it calls ``on_log`` (read in transformers
 that returned is one ``shim/weight_pushes`` (``shim.observe.trainer_metrics.count_push``).
 """
 from shim.engine.patch import FEATURE, Patch
+from shim.engine.probes import changed
 
 ID = "trainer-metrics"
 
@@ -33,13 +34,13 @@ def _probe(module):
     trainer = getattr(module, "Trainer", None)
     log = getattr(trainer, "log", None)
     if log is None:
-        return "upstream shape changed: transformers.trainer.Trainer.log not found"
+        return changed("transformers.trainer.Trainer.log not found")
     try:
         params = list(inspect.signature(log).parameters)
     except (TypeError, ValueError):
-        return "upstream shape changed: Trainer.log has no readable signature"
+        return changed("Trainer.log has no readable signature")
     if params[1:2] != ["logs"]:
-        return f"upstream shape changed: Trainer.log{tuple(params)} has no 'logs' first argument"
+        return changed(f"Trainer.log{tuple(params)} has no 'logs' first argument")
     return None
 
 
@@ -53,7 +54,7 @@ PATCH = Patch(
     id=ID,
     kind=FEATURE,
     tested_at=("vllm", "0.24.0"),  # transformers.trainer from tests/requirements.txt (4.57.6)
-    issue="feature",
+    issue="trainer metrics (shim/ keys, stale-rollout alarm)",
     distribution="transformers",
     affected=">=4.38.0",
     module="transformers.trainer",
@@ -68,7 +69,7 @@ PATCH = Patch(
 def _probe_swift(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if not callable(getattr(cls, "_move_model_to_vllm", None)):
-        return "upstream shape changed: RolloutTrainerMixin._move_model_to_vllm not found"
+        return changed("RolloutTrainerMixin._move_model_to_vllm not found")
     return None
 
 
@@ -79,7 +80,7 @@ def _apply_swift(module, patcher):
 
 
 def _swift(patch_id, affected, module, tested_at):
-    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="feature", distribution="ms-swift", affected=affected, module=module,
+    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="trainer metrics (shim/ keys, stale-rollout alarm)", distribution="ms-swift", affected=affected, module=module,
                  apply=_apply_swift, probe=_probe_swift,
                  summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
                  verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the "

@@ -16,6 +16,7 @@ the same while this patch is on). Stands down where ``sync_weights`` already
 resets the encoder cache.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 
 def probe(module):
@@ -23,7 +24,7 @@ def probe(module):
 
     cls = getattr(module, "VLLMGeneration", None)
     if cls is None or not callable(getattr(cls, "sync_weights", None)):
-        return "upstream shape changed: VLLMGeneration.sync_weights not found"
+        return changed("VLLMGeneration.sync_weights not found")
     if "reset_encoder_cache" in inspect.getsource(cls.sync_weights):
         return "fixed upstream (sync_weights resets the encoder cache)"
     return None

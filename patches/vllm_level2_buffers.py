@@ -16,6 +16,7 @@ reads ``wake_up`` and stands down where the restore already waits for the
 weights tag.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 
 def _binding(class_name):
@@ -24,7 +25,7 @@ def _binding(class_name):
 
         cls = getattr(module, class_name, None)
         if cls is None:
-            return f"upstream shape changed (no {class_name})"
+            return changed(f"no {class_name}")
         return buffers.probe_restore(cls)
 
     def apply(module, patcher):

@@ -14,12 +14,13 @@ second False is one WARNING per engine (``SHIM_STRICT=1`` raises)
 (``shim.vllm.caches``).
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 
 def probe(module):
     engine = getattr(module, "LLMEngine", None)
     if engine is None or not callable(getattr(engine, "reset_prefix_cache", None)):
-        return "upstream shape changed: LLMEngine.reset_prefix_cache not found"
+        return changed("LLMEngine.reset_prefix_cache not found")
     return None
 
 

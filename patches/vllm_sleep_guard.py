@@ -30,6 +30,7 @@ All three stand down with one line when neither CUDA (``torch.cuda``) nor an
 Ascend NPU (``torch.npu``) is the device.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import changed
 
 
 def _no_device():
@@ -48,20 +49,20 @@ def _no_device():
 
 def _shape(owner, names):
     missing = [n for n in names if not callable(getattr(owner, n, None))]
-    return f"upstream shape changed ({owner.__name__} lacks {', '.join(missing)})" if missing else None
+    return changed(f"{owner.__name__} lacks {', '.join(missing)}") if missing else None
 
 
 def _probe_engine(module):
     engine = getattr(module, "LLMEngine", None)
     if engine is None:
-        return "upstream shape changed (no LLMEngine)"
+        return changed("no LLMEngine")
     return _shape(engine, ("__init__", "sleep", "wake_up")) or _no_device()
 
 
 def _probe_llm(module):
     llm = getattr(module, "LLM", None)
     if llm is None:
-        return "upstream shape changed (no LLM)"
+        return changed("no LLM")
     return _shape(llm, ("__init__", "sleep", "wake_up")) or _no_device()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import _thread
 
-from shim.engine import config, log
+from shim.engine import config, log, probes
 from shim.engine.patch import APPLIED, DISABLED, FAILED, STAND_DOWN, WAITING, Decision, Entry, Patch, PatchFailed
 from shim.engine.patcher import Patcher, acted
 
@@ -61,8 +61,8 @@ def _decide(entry, decision: str, reason: str = "", version: "str | None" = None
         line = f"{patch.id} ({patch.issue}, {where}): {Decision(decision, reason).text()}"
     else:
         line = f"{entry.id}: {Decision(decision, reason).text()}"
-    if decision == FAILED:
-        log.warning(line)
+    if decision == FAILED or (decision == STAND_DOWN and probes.is_changed(reason)):
+        log.warning(line)  # the user relied on the fix: an unknown upstream shape is heard, not just INFO
     else:
         log.decision(line)
 

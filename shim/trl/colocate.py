@@ -14,6 +14,8 @@ wrapper first runs.
 """
 from __future__ import annotations
 
+from shim.engine.probes import changed
+
 
 def trainer_colocate(trainer) -> bool:
     """A trainer with its own colocated ``llm``: ``args.use_vllm`` and ``vllm_mode``."""
@@ -86,7 +88,7 @@ def binding(class_name: str, generate_name: str, push_name: str = "_move_model_t
     def probe(module):
         cls = getattr(module, class_name, None)
         if cls is None or not all(hasattr(cls, m) for m in (push_name, generate_name)):
-            return f"upstream shape changed: {class_name}.{push_name}/{generate_name} not found"
+            return changed(f"{class_name}.{push_name}/{generate_name} not found")
         return None
 
     def apply(module, patcher):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 
 from shim.engine import log
+from shim.engine.probes import changed
 
 
 def _tags(wrapped, args, kwargs):
@@ -49,15 +50,15 @@ def probe_restore(cls) -> "str | None":
     """None where ``cls.wake_up`` restores the saved buffers without looking at the tags; else why not."""
     wake = vars(cls).get("wake_up")  # the class's own (vLLM's Worker, vllm-ascend's NPUWorker)
     if wake is None:
-        return f"upstream shape changed ({cls.__name__} defines no wake_up)"
+        return changed(f"{cls.__name__} defines no wake_up")
     try:
         source = inspect.getsource(wake)
     except (OSError, TypeError):
-        return f"upstream shape changed (source of {cls.__name__}.wake_up unavailable)"
+        return changed(f"source of {cls.__name__}.wake_up unavailable")
     for line in source.splitlines():
         text = line.strip()
         if text.startswith("if") and "_sleep_saved_buffers" in text:
             if "weights" in text:
                 return "fixed upstream (buffer restore waits for the weights tag)"
             return None
-    return f"upstream shape changed ({cls.__name__}.wake_up restores no _sleep_saved_buffers)"
+    return changed(f"{cls.__name__}.wake_up restores no _sleep_saved_buffers")

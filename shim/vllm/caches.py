@@ -27,7 +27,7 @@ from __future__ import annotations
 import weakref
 
 from shim.engine import config, log
-from shim.vllm import sleep_state
+from shim.vllm import engines
 
 ENCODER_PATCH = "trl-vlm-encoder-cache"
 PREFIX_PATCH = "vllm-prefix-reset-check"
@@ -61,7 +61,7 @@ def patch_active(patch_id: str) -> bool:
 def reset_encoder_caches(llm) -> list:
     """Reset the encoder and multi-modal caches of ``llm`` (a ``vllm.LLM`` or its engine) where
     the engine has them; returns the names of the caches reset. Never raises."""
-    engine = sleep_state.engine_of(getattr(llm, "__wrapped__", llm))
+    engine = engines.engine_of(engines.unproxy(llm))
     done = []
     reset_encoder = getattr(engine, "reset_encoder_cache", None)
     if callable(reset_encoder):

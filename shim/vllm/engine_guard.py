@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from shim.engine import call_args
-from shim.vllm import alloc_guard, memory, sleep_state, wake_plan
+from shim.vllm import alloc_guard, engines, memory, sleep_state
 
 
 def guard_init(wrapped, instance, args, kwargs):
@@ -30,8 +30,8 @@ def guard_init(wrapped, instance, args, kwargs):
     state = sleep_state.state_for(instance)
     token = alloc_guard.suspend(probe)
     try:
-        state.guarded_init = True
-        state.guard_saw = list(token.saw) if token is not None else []
+        state.measure.guarded_init = True
+        state.measure.guard_saw = list(token.saw) if token is not None else []
         return wrapped(*args, **kwargs)
     finally:
         alloc_guard.resume(token)
@@ -42,8 +42,8 @@ def guard_wake(wrapped, instance, args, kwargs):
     seconds (suspend + resume) go to the running sleep check's ``Call``, if any."""
     t0 = time.perf_counter()
     probe = memory.probe()
-    engine = sleep_state.engine_of(instance)
-    if probe is None or wake_plan.engine_sleep_mode(engine) is False:
+    engine = engines.engine_of(instance)
+    if probe is None or engines.sleep_mode(engine) is False:
         return wrapped(*args, **kwargs)
     token = alloc_guard.suspend(probe)
     t1 = time.perf_counter()

@@ -13,34 +13,15 @@ awake without mapping any).
 """
 from __future__ import annotations
 
-from shim.vllm import memory, sleep_state
+from shim.vllm import engines, memory, sleep_state
 
-TAGS = sleep_state.TAGS
-
-
-def executor_of(obj):
-    """The in-process executor (``LLM.llm_engine.model_executor``), or None."""
-    engine = sleep_state.engine_of(obj)
-    return getattr(engine, "model_executor", None)
-
-
-def engine_sleep_mode(engine) -> "bool | None":
-    """``enable_sleep_mode`` of a built engine (``vllm_config.model_config`` or ``model_config``)."""
-    for cfg in (getattr(getattr(engine, "vllm_config", None), "model_config", None),
-                getattr(engine, "model_config", None)):
-        value = getattr(cfg, "enable_sleep_mode", None)
-        if value is not None:
-            return bool(value)
-    return None
+TAGS = engines.TAGS
 
 
 def asleep_tags(obj) -> set:
     """Tags vLLM's executor reports asleep (``sleeping_tags``), else the shim's record."""
-    executor = executor_of(obj)
-    tags = getattr(executor, "sleeping_tags", None)
-    if isinstance(tags, (set, frozenset, list, tuple)):
-        return set(tags) if getattr(executor, "is_sleeping", bool(tags)) else set()
-    return set(sleep_state.state_for(obj).asleep)
+    tags = engines.reported_asleep(obj)
+    return tags if tags is not None else set(sleep_state.state_for(obj).asleep)
 
 
 def plan(obj, tags) -> "tuple[bool, object, list]":

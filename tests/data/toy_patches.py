@@ -16,7 +16,7 @@ def apply_boom(module, patcher):
 
 
 def probe_changed(module):
-    return None if hasattr(module.Engine, "no_such_method") else "upstream shape changed: Engine.no_such_method missing"
+    return None if hasattr(module.Engine, "no_such_method") else "upstream shape changed: Engine.no_such_method not found"
 
 
 def make(name="ok", affected=">=1.0,<2.0", apply=apply_ok, probe=None):

@@ -1,7 +1,7 @@
 """The patch contract, generated for every registered patch (as ddtrace's ``PatchTestCase``).
 
 ``contract_tests("<patch module>")`` returns the test functions for one patch module; each
-``tests/patches/test_<module>.py`` binds them. Every case runs in its own process
+``tests/patches/<module>/test_contract.py`` binds them. Every case runs in its own process
 (``contract_child.py`` imports torch and transformers once per release, for every patch that
 release tests, then forks one process per case, before anything of the shim or the patched
 upstream module is imported; the cases that import upstream first fork from a parent that
@@ -160,6 +160,9 @@ def check_case(patch_id: str, case: str) -> None:
         assert out["changes"] == [], out
         if case == "shape":
             assert out["deleted"], out
+            from shim.engine import probes
+
+            assert probes.is_changed(out["reason"]), out  # one format, logged as a WARNING
     elif case == "apply_raises":
         assert out["decision"] == "failed" and "contract: apply fails" in out["reason"], out
         assert out["made"] > 0 and out["exact"] and out["markers_left"] == [], out

@@ -67,3 +67,17 @@ def run_swift(version: str, *args: str, env: dict | None = None, check: bool = T
     """``tests/scenarios/swift_run.py`` (the real RolloutTrainerMixin) with ``args``."""
     out = tempfile.mkdtemp(prefix=f"swift-{version}-run-")
     return run_in_swift(version, [SCENARIO, "--model", tiny_model(), "--out", out, *args], env=env, check=check)
+
+
+# the wakes of vLLM's weights in a rollout's ``order`` (tests/scenarios/swift_run.py, swift_megatron_run.py --offload)
+PUSH = (True, ["weights"])  # before offload_context, the trainer still on the device: needed for a push
+AFTER_OFFLOAD = (False, ["weights", "kv_cache"])  # inside offload_context, with the KV cache (ms-swift 4.6.0)
+
+
+def weights_wakes(run: dict) -> dict:
+    """Per step, each wake that maps vLLM's weights: (trainer model on the device at that moment, tags)."""
+    wakes = {}
+    for w in run["order"]:
+        if w["event"] == "wake_up" and "weights" in (w["tags"] or ["weights"]):
+            wakes.setdefault(w["step"], []).append((w["trainer_on_device"], w["tags"]))
+    return wakes

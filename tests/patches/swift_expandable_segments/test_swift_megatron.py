@@ -12,12 +12,14 @@ LoRA tuners and model modules), which has no CPU build, and with TE absent
 megatron-core leaves ``TEGroupedLinear = None``, which mcore-bridge's import-time
 patcher then writes to. The child puts a names-only module in ``sys.modules``; the
 code under test (engine build, first sleep, the helper calls) never calls it. The
-rollout cycle itself (``_generate_completions``) pushes weights through the bridge and
-is not driven here.
+rollout cycle (``_generate_completions``, ``tests/scenarios/swift_megatron_run.py``) pushes
+the weights through the trainer's ``bridge``: the stand-in's ``HFLayoutBridge`` (``export_weights``
+of a model already in HF layout).
 """
 import json
 
-from tests.support.swift_support import run_in_swift, tiny_model
+from tests.support.helpers import REPO
+from tests.support.swift_support import AFTER_OFFLOAD, PUSH, run_in_swift, tiny_model, weights_wakes
 
 VERSION = "4.6.0"
 MEGATRON = "swift.megatron.trainers.rollout_mixin"
@@ -167,3 +169,48 @@ def test_megatron_first_sleep_frees_the_engine_6636():
     sleep = on["sleeps"][0]
     assert sleep["freed"] >= 0.9 * sleep["tracked"] and sleep["freed"] >= kv_bytes, on["sleeps"]
     assert on["after"]["PYTORCH_ALLOC_CONF"] == EXPANDABLE
+
+
+SCENARIO = REPO / "tests" / "scenarios" / "swift_megatron_run.py"
+RESAMPLE = "swift-megatron-resample-wake-order"
+
+
+def run_megatron(version: str, *args: str) -> dict:
+    """``tests/scenarios/swift_megatron_run.py`` (the real MegatronRolloutMixin rollouts) with ``args``."""
+    return run_in_swift(version, [SCENARIO, "--model", tiny_model(), *args], vllm_version="0.24.0")
+
+
+# ms-swift#10109 in the Megatron mixin: the same wake code in every 4.0.0-4.5.3 release (read in the wheels); 4.5.3
+# stands for them (the venv's megatron-core 0.16.1 / mcore-bridge names are 4.5.x's and 4.6.0's).
+def test_megatron_same_step_rollout_wakes_weights_after_offload_10109():
+    """Level 1, --offload_model, two ``_generate_completions`` per step. The first rollout of a step pushes the trained
+    weights through the bridge: the weights wake while the trainer is still on the device (needed for the push; 4.6.0
+    too). The second needs no push, yet 4.5.3 wakes the weights before offload_context moved the trainer off: both
+    on the device at once (asserted, from the trainer's resident bytes at the wake). With the shim it wakes them
+    with the KV cache inside offload_context, as 4.6.0 does (test_megatron_resample_wake_order_stands_down_on_4_6_0);
+    every rollout generates from the trainer's weights either way."""
+    off = run_megatron("4.5.3", "--level", "1", "--offload")
+    assert weights_wakes(off) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, off["order"]
+    same_step = [w for w in off["order"] if w["event"] == "wake_up"][2]  # step 0, second rollout: weights
+    assert same_step["tags"] == ["weights"] and same_step["trainer_bytes"] > 0, off["order"]
+    on = run_megatron("4.5.3", "--level", "1", "--offload", "--shim", "--probe", RESAMPLE)
+    assert weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
+    assert on["decisions"][RESAMPLE] == "applied" and on["probes"][RESAMPLE] is None
+    assert RESAMPLE in on["markers"]
+    for run in (off, on):
+        assert len(run["generates"]) == 4 and run["mismatches"] == 0, run["generates"]
+
+
+def test_megatron_resample_wake_order_stands_down_on_4_6_0():
+    """4.6.0 (PR #10109) wakes the weights early only before a push: the record stands down by version and by probe,
+    nothing wrapped, the same order with and without the shim -- the order the shim gives 4.5.3."""
+    off = run_megatron("4.6.0", "--level", "1", "--offload")
+    on = run_megatron("4.6.0", "--level", "1", "--offload", "--shim", "--probe", RESAMPLE)
+    assert on["decisions"][RESAMPLE] == "stand down: fixed upstream in 4.6.0"
+    assert on["probes"][RESAMPLE] == ("fixed upstream (MegatronRolloutMixin._generate_completions wakes the weights "
+                                      "early only before a push)")
+    assert on["markers"] == []
+    # the same moves and wakes (the device's used bytes aside: other patches empty the caching allocator's cache)
+    moves = lambda run: [{k: v for k, v in e.items() if k != "used"} for e in run["order"]]  # noqa: E731
+    assert moves(on) == moves(off) and weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
+    assert on["mismatches"] == 0 and off["mismatches"] == 0

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.support.swift_support import run_swift
+from tests.support.swift_support import AFTER_OFFLOAD, PUSH, run_swift, weights_wakes
 
 # 3.9.3: GRPOTrainer's own _fast_infer (3.2.1-3.9.x; tag-wise wake as 3.6-3.9); 3.10.x: the rollout mixin;
 # 3.11.1: the mixin with the fix cherry-picked (#7017); 4.6.0: pushes after every level-2 sleep.
@@ -222,16 +222,6 @@ def test_swift_cli_reaches_launcher_torchrun_and_every_rank(tmp_path):
 # them; 3.10.1 for the 3.x rollout mixin (3.11.1 adds the level-2 push, which this level-1 case does not reach);
 # 3.9.3 for GRPOTrainer's own _fast_infer (3.6-3.7 spell the early wake differently: probe only, read in the wheels).
 RESAMPLE = "swift-resample-wake-order"
-PUSH, AFTER_OFFLOAD = (True, ["weights"]), (False, ["weights", "kv_cache"])
-
-
-def _weights_wakes(run):
-    """Per step, each wake that maps vLLM's weights: (trainer model on the device at that moment, tags)."""
-    wakes = {}
-    for w in run["order"]:
-        if w["event"] == "wake_up" and "weights" in (w["tags"] or ["weights"]):
-            wakes.setdefault(w["step"], []).append((w["trainer_on_device"], w["tags"]))
-    return wakes
 
 
 @pytest.mark.parametrize("version,patch_id", [("4.5.3", RESAMPLE), ("3.10.1", RESAMPLE + "-3x"),
@@ -243,11 +233,11 @@ def test_same_step_rollout_wakes_weights_after_offload_10109(version, patch_id):
     trainer off: both on the device at once (asserted). With the shim it wakes them with the KV cache inside
     offload_context, as 4.6.0 does (its order: test_resample_wake_order_stands_down_on_4_6_0)."""
     off = run_swift(version, "--level", "1", "--offload")
-    assert _weights_wakes(off) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, off["order"]
+    assert weights_wakes(off) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, off["order"]
     on = run_swift(version, "--level", "1", "--offload", "--shim", "--probe", patch_id)
     assert on["decisions"][patch_id] == "applied" and on["probes"][patch_id] is None
     assert patch_id in on["fast_infer_markers"]
-    assert _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
+    assert weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}, on["order"]
     for run in (off, on):
         assert len(run["generates"]) == 4 and run["mismatches"] == 0, run["generates"]
 
@@ -257,7 +247,7 @@ def test_resample_wake_order_level2_unchanged():
     and the shim keeps it -- every weights wake precedes the offload, every rollout on the trained weights."""
     on = run_swift("4.5.3", "--level", "2", "--offload", "--shim")
     assert on["decisions"][RESAMPLE] == "applied"
-    assert _weights_wakes(on) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, on["order"]
+    assert weights_wakes(on) == {0: [PUSH, PUSH], 1: [PUSH, PUSH]}, on["order"]
     assert on["mismatches"] == 0 and on["garbage"] == 0, on["generates"]
 
 
@@ -270,7 +260,7 @@ def test_resample_wake_order_stands_down_on_4_6_0():
     assert on["probes"][RESAMPLE] == ("fixed upstream (RolloutTrainerMixin._fast_infer wakes the weights early "
                                       "only before a push)")
     assert on["fast_infer_markers"] == []
-    assert on["order"] == off["order"] and _weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
+    assert on["order"] == off["order"] and weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
     assert on["mismatches"] == 0 and off["mismatches"] == 0
 
 

@@ -60,9 +60,26 @@ def test_out_of_range_stands_down_nothing_wrapped():
 
 
 def test_probe_failure_stands_down():
-    out, _ = run("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.PROBE_FAILS])")
+    out, err = run("import toy_patches; from shim.engine import registry, log; log.setup(); "
+                   "registry.activate([toy_patches.PROBE_FAILS])")
     assert out["out"] == "original:x" and out["wrapped"] == "function"
-    assert out["decisions"]["toy-probe"].startswith("stand down: upstream shape changed")
+    assert out["decisions"]["toy-probe"].startswith("stand down: upstream shape changed: ")
+    # the user relied on the fix: an unknown upstream shape is a WARNING, a range stand-down stays INFO
+    assert "[shim] WARNING toy-probe" in err, err
+    _, err_range = run("import toy_patches; from shim.engine import registry, log; log.setup(); "
+                       "registry.activate([toy_patches.OUT_OF_RANGE])")
+    assert "[shim] INFO toy-old" in err_range and "WARNING" not in err_range, err_range
+
+
+def test_status_tells_applied_from_acted():
+    """``acted N times``: the patch's wrappers ran in this process; ``applied`` alone: installed, never called."""
+    out = last_json(run_python("import json, toy_patches, toyup.core; from shim.engine import registry; registry.activate([toy_patches.OK])\n"
+                 "rows = {r['id']: registry.decision_text(r) for r in registry.status_rows([toy_patches.OK])}\n"
+                 "toyup.core.Engine().generate('a'); toyup.core.Engine().generate('b')\n"
+                 "rows2 = {r['id']: registry.decision_text(r) for r in registry.status_rows([toy_patches.OK])}\n"
+                 "print(json.dumps({'rows': rows, 'rows2': rows2}))", path=PATH))
+    assert out["rows"] == {"toy-ok": "applied"}
+    assert out["rows2"] == {"toy-ok": "applied, acted 2 times"}
 
 
 def test_exception_in_patch_rolls_back_and_keeps_import():

@@ -30,6 +30,13 @@ def test_flags(monkeypatch, value, expected):
     assert config.strict() is expected
 
 
+def test_strict_never_raises_where_failures_are_handled_and_validate_reports_it(monkeypatch):
+    monkeypatch.setenv(config.SHIM_STRICT, "2")
+    assert config.strict() is False  # a bad value is off where a failure is handled ...
+    with pytest.raises(config.ConfigError, match="SHIM_STRICT='2' is not valid"):
+        config.validate()  # ... and one error at activation
+
+
 def test_bad_flag_names_variable_and_values(monkeypatch):
     monkeypatch.setenv(config.SHIM_DEBUG, "2")
     with pytest.raises(config.ConfigError, match="SHIM_DEBUG='2' is not valid; accepted: 1, 0"):

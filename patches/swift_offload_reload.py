@@ -1,0 +1,112 @@
+"""ms-swift 4.x ``offload_context`` loads models onto the device that it never moved off it (GKD: every 4.x release).
+
+Upstream: modelscope/ms-swift#10109 (PR, merged: reload only the models offload_context moved; fixed GRPOTrainer in
+          4.6.0, not GKDTrainer) and #9793 (PR, merged in 4.5.0: the same reload of a CPU-resident FSDP2 model at
+          vLLM's construction, worked around by skipping offload_context there for FSDP2 only)
+Affects:  ms-swift >=4.0.0 GKDTrainer.offload_context (4.6.0 included), >=4.0.0,<4.6.0 GRPOTrainer.offload_context,
+          with --offload_model true (colocate vLLM): at vLLM's construction (prepare_rollout, before
+          accelerator.prepare) whenever the student / policy is still on the CPU there (DeepSpeed ZeRO-2 per #10109;
+          FSDP2 in 4.0.0-4.4.x) and at every rollout where it stays on the CPU (FSDP2 with CPU offload)
+Remove:   when ms-swift's GKDTrainer.offload_context reloads only what it moved and the shim's minimum supported
+          ms-swift has it
+
+``offload_context`` (a ``contextlib`` context manager) calls ``self.offload_model(model)`` on entry and
+``self.load_model(model)`` on exit for the trained model (GRPO: and the reference model) whatever the
+offload did. ``load_model`` moves every parameter and CPU buffer to ``get_current_device()`` (FSDP2:
+``model.to(device)``). The first ``offload_context`` is the one around vLLM's construction in
+``RolloutTrainerMixin._prepare_vllm`` (``GKDTrainer.__init__`` -> ``prepare_rollout``), which runs before
+``accelerator.prepare``: a model that is still on the CPU there (nothing to offload) is loaded WHOLE onto
+one device on the way out, right after vLLM took its share of it -- where the model is sized for sharding
+(FSDP2) or does not fit beside vLLM, an out-of-memory at start-up. 4.5.0 (#9793) skips that one context
+for FSDP2 only; 4.6.0 (#10109) makes ``offload_model`` return whether anything moved and has
+``GRPOTrainer.offload_context`` reload only those models; ``GKDTrainer.offload_context`` is unchanged in
+4.6.0 (read in the wheels: the same source in 4.2.0-4.6.0, 4.0.x-4.1.x differ in comments only).
+
+The shim does what 4.6.0's GRPO does, for the models the context itself offloads: while the context
+enters, each ``offload_model(model)`` call is watched and the model counts as moved where one of its
+tensors (parameters, ZeRO-3 partitions, buffers) is no longer where it was; on exit ``load_model`` runs
+for those models only. Everything else (the optimizer, the order, FSDP2's own path) stays ms-swift's.
+A probe stands a record down where ``offload_context`` already reloads according to what
+``offload_model`` moved (4.6.0's GRPOTrainer).
+"""
+from shim.engine.patch import FIX, Patch
+from shim.engine.probes import changed, missing, source
+from shim.swift import offload_reload
+
+_FIXED = ("models_to_reload", "if self.offload_model(")  # 4.6.0 GRPOTrainer: reloads what offload_model moved
+
+
+def _probe_class(module, name: str):
+    import inspect
+
+    cls = getattr(module, name, None)
+    gone = missing(cls, ("offload_context",), label=name, own=True) or missing(cls, ("offload_model", "load_model"),
+                                                                               label=name)
+    if gone:
+        return gone
+    text, unreadable = source(vars(cls)["offload_context"], f"{name}.offload_context")
+    if unreadable:
+        return unreadable
+    if any(marker in text for marker in _FIXED):
+        return f"fixed upstream ({name}.offload_context reloads only the models offload_model moved)"
+    if "self.offload_model(" not in text or "self.load_model(" not in text:
+        return changed(f"{name}.offload_context does not call self.offload_model / self.load_model")
+    for method in ("offload_model", "load_model"):
+        try:
+            params = list(inspect.signature(getattr(cls, method)).parameters)
+        except (TypeError, ValueError) as exc:
+            return changed(f"{name}.{method} has no signature ({exc})")
+        if params != ["self", "model"]:
+            return changed(f"{name}.{method}({', '.join(params)}) is not (self, model)")
+    return None
+
+
+def probe_gkd(module):
+    return _probe_class(module, "GKDTrainer")
+
+
+def probe_grpo(module):
+    return _probe_class(module, "GRPOTrainer")
+
+
+def _apply_to(cls_name: str, patch_id: str):
+    def apply(module, patcher):
+        patcher.wrap(getattr(module, cls_name), "offload_context", offload_reload.wrapper(patch_id))
+
+    return apply
+
+
+PATCH_GKD = Patch(
+    id="swift-gkd-offload-reload",
+    kind=FIX,
+    tested_at=("swift", "4.6.0"),
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=4.0.0",
+    module="swift.rlhf_trainers.gkd_trainer",
+    apply=_apply_to("GKDTrainer", "swift-gkd-offload-reload"),
+    probe=probe_gkd,
+    summary="GKDTrainer.offload_context loads back only the models its offload moved off the device (as 4.6.0's "
+            "GRPOTrainer): a student still on the CPU at vLLM's construction is not loaded whole onto one device",
+    verified="CPU: real ms-swift 4.6.0 and 4.5.3 GKDTrainer._prepare_vllm (offload_context, engine build, first "
+             "sleep) with the student on the CPU, and a rollout's offload_context with it on the device, on the vLLM "
+             "stand-in with CUDA's Tensor.to semantics",
+)
+
+PATCH_GRPO = Patch(
+    id="swift-grpo-offload-reload",
+    kind=FIX,
+    tested_at=("swift", "4.5.3"),
+    issue="modelscope/ms-swift#10109",
+    distribution="ms-swift",
+    affected=">=4.0.0,<4.6.0",
+    fixed_in="4.6.0",
+    module="swift.rlhf_trainers.grpo_trainer",
+    apply=_apply_to("GRPOTrainer", "swift-grpo-offload-reload"),
+    probe=probe_grpo,
+    summary="GRPOTrainer.offload_context loads back only the models its offload moved off the device (as 4.6.0)",
+    verified="CPU: real ms-swift 4.5.3 GRPOTrainer._prepare_vllm with the policy on the CPU, on the vLLM stand-in; "
+             "4.6.0 stands down by probe",
+)
+
+PATCHES = [PATCH_GKD, PATCH_GRPO]

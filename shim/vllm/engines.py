@@ -1,0 +1,68 @@
+"""What the shim reads off a vLLM engine, in one place.
+
+``vllm.LLM`` delegates sleep and wake to its ``llm_engine`` (``LLMEngine``), whose
+``model_executor`` knows which tags are asleep (``sleeping_tags``, vLLM's
+``ExecutorBase``; ``is_sleeping`` True while any is). Every other module asks here:
+:func:`engine_of` (the object that owns the sleep state), :func:`executor_of`,
+:func:`executor_tags` / :func:`reported_asleep` (what vLLM reports asleep, or None where the
+executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine). The
+device an engine runs on is ``shim.vllm.memory.device_type``. Nothing here imports vLLM.
+"""
+from __future__ import annotations
+
+TAGS = ("weights", "kv_cache")
+"""The sleep pool's tags, in vLLM's documented wake order."""
+
+
+def unproxy(handle):
+    """``handle`` without the proxies around it (the shim's synced ``LLM``: ``__wrapped__``)."""
+    seen = 0
+    while hasattr(handle, "__wrapped__") and seen < 8:
+        handle = handle.__wrapped__
+        seen += 1
+    return handle
+
+
+def unwrap(handle):
+    """vLLM's engine behind any handle the trainers hold: a proxy of the shim's (``__wrapped__``),
+    ``vllm.LLM`` (its ``llm_engine``), ms-swift's ``VllmEngine`` (its ``engine``), or the engine itself."""
+    handle = unproxy(handle)
+    engine = getattr(handle, "llm_engine", None)
+    if engine is None:
+        inner = getattr(handle, "engine", None)
+        engine = inner if getattr(inner, "model_executor", None) is not None else handle
+    return engine
+
+
+def engine_of(obj):
+    """The object that owns the sleep state: ``LLM.llm_engine``, or the engine itself."""
+    return getattr(obj, "llm_engine", None) or obj
+
+
+def executor_of(obj):
+    """The in-process executor (``LLM.llm_engine.model_executor``), or None."""
+    return getattr(engine_of(obj), "model_executor", None)
+
+
+def executor_tags(executor) -> "set | None":
+    """The tags ``executor`` reports asleep (empty while ``is_sleeping`` is False); None where it
+    has no ``sleeping_tags`` collection (an executor of another shape, or none)."""
+    tags = getattr(executor, "sleeping_tags", None)
+    if not isinstance(tags, (set, frozenset, list, tuple)):
+        return None
+    return set(tags) if getattr(executor, "is_sleeping", bool(tags)) else set()
+
+
+def reported_asleep(obj) -> "set | None":
+    """:func:`executor_tags` of ``obj``'s executor."""
+    return executor_tags(executor_of(obj))
+
+
+def sleep_mode(engine) -> "bool | None":
+    """``enable_sleep_mode`` of a built engine (``vllm_config.model_config`` or ``model_config``)."""
+    for cfg in (getattr(getattr(engine, "vllm_config", None), "model_config", None),
+                getattr(engine, "model_config", None)):
+        value = getattr(cfg, "enable_sleep_mode", None)
+        if value is not None:
+            return bool(value)
+    return None
