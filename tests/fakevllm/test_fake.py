@@ -368,3 +368,50 @@ def test_lora_slots_follow_the_weights_tag(model_dir, tmp_path):
     """)
     assert r["base_layer"] and r["added"] and r["listed"] == [7] and r["listed_l2"] == [7]
     assert r["diff"] < 1e-6 and r["diff_l1"] < 1e-6 and r["diff_l2"] > 0.1 and r["differs"], r
+
+
+@pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-moe")
+    sys.path.insert(0, TESTS)
+    import tiny
+    return tiny.make_tiny_moe_model(str(d / "m"), seed=0)
+
+
+MOE = """
+from transformers import AutoModelForCausalLM
+llm = new_llm()
+m = model(llm)
+RESULT["params"] = {n: list(p.shape) for n, p in m.named_parameters() if "experts" in n and "layers.0." in n}
+RESULT["loader"] = all(hasattr(p, "weight_loader") for n, p in m.named_parameters() if "experts" in n)
+RESULT["tokens"] = list(toks(llm))
+hf = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+RESULT["hf"] = hf.generate(torch.tensor([PROMPT[0]["prompt_token_ids"]]), max_new_tokens=6, do_sample=False)[0, 4:].tolist()
+with torch.no_grad():  # a trainer's update and its push (qwen3_moe load_weights: the experts' weight_loader)
+    for p in hf.parameters():
+        p.add_(0.1)
+try:
+    m.load_weights(list(hf.named_parameters()))
+    RESULT["pushed"] = list(toks(llm)) == hf.generate(torch.tensor([PROMPT[0]["prompt_token_ids"]]),
+                                                       max_new_tokens=6, do_sample=False)[0, 4:].tolist()
+except Exception as exc:
+    RESULT["push_error"] = f"{type(exc).__name__}: {exc}"
+"""
+
+
+@pytest.mark.parametrize("device,ascend", [("cuda", ""), ("npu", "0.23.0"), ("npu", "0.26.0rc1")])
+def test_moe_fused_experts(moe_dir, device, ascend):
+    """vLLM's fused experts (w13_weight [E, 2I, H], w2_weight [E, H, I]) compute what transformers' experts
+    compute; in NPU mode vllm-ascend's process_weights_after_loading re-lays them ([E, H, 2I], [E, I, H]),
+    dropping the Parameter (and its weight_loader) up to 0.25.1rc1, so a per-tensor push of the experts
+    fails there; on CUDA the push lands."""
+    r = run(moe_dir, MOE, env={"FAKEVLLM_DEVICE": device, **({"FAKEVLLM_ASCEND_VERSION": ascend} if ascend else {})})
+    assert r["tokens"] == r["hf"]
+    w13, w2 = (r["params"][f"model.layers.0.mlp.experts.{n}"] for n in ("w13_weight", "w2_weight"))
+    if device == "cuda":
+        assert (w13, w2) == ([4, 48, 32], [4, 32, 24]) and r["loader"] is True and r["pushed"] is True
+    else:
+        assert (w13, w2) == ([4, 32, 48], [4, 24, 32])
+        assert r["loader"] is (ascend == "0.26.0rc1")
+        if ascend == "0.23.0":
+            assert "AttributeError" in r["push_error"] and "weight_loader" in r["push_error"]

@@ -83,6 +83,9 @@ def parse():
     p.add_argument("--offload", action="store_true",
                    help="3.10+: --offload_model true, with the release's GRPOTrainer.offload_context (the mixin's is a "
                         "placeholder) and the trainer model's device memory booked on the fake device")
+    p.add_argument("--grpo-module", action="store_true",
+                   help="import the release's GRPOTrainer module first, as a real GRPO run does (it imports TRL's "
+                        "GRPOTrainer, and with TRL >= 0.28 trl.generation.vllm_generation)")
     p.add_argument("--probe", action="append", default=[],
                    help="patch id: also report what its probe says of this release's module (range aside)")
     p.add_argument("--cuda-available", action="store_true",
@@ -135,6 +138,11 @@ def main():
             from swift.trainers.rlhf_trainer.grpo_trainer import GRPOTrainer as RolloutTrainerMixin
             utils_modules = ("swift.trainers.rlhf_trainer.utils",)
             legacy = True
+    if a.grpo_module:
+        try:
+            importlib.import_module("swift.rlhf_trainers.grpo_trainer")
+        except ImportError:  # 3.x
+            importlib.import_module("swift.trainers.rlhf_trainer.grpo_trainer")
     device = getattr(torch, current_platform.device_type)
     for name in utils_modules:
         module = importlib.import_module(name)
@@ -378,6 +386,7 @@ def main():
         "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
                    if "shim.verify.weights" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
+        "sleep_levels": [e["level"] for e in EVENTS if e["event"] == "sleep"],
         "order": order,
         "probes": probes,
     }))

@@ -218,11 +218,21 @@ def main():
     metrics = [{k: v for k, v in h.items() if k.startswith(("sampling/", "shim/")) or k in ("step", "reward", "loss")}
                for h in trainer.state.log_history]
     pushes = sum(1 for e in EVENTS if e["event"] == "load_weights")
+    # every weights wake: are the woken weights the ones the engine held when it went to sleep?
+    held, weights_wakes = None, []
+    for e in EVENTS:
+        if e["event"] in ("load_model", "generate", "chat") or (e["event"] == "load_weights" and not e.get("lost")):
+            held = e.get("weights_fp") or held
+        elif e["event"] == "worker_wake_up" and (e.get("tags") is None or "weights" in e["tags"]):
+            weights_wakes.append(e["weights_fp"] == held)
+            held = e["weights_fp"]
     summary = {
         "trl": trl.__version__, "vllm": vllm.__version__, "generates": observed,
         "mismatches": sum(1 for o in observed if o["engine"] != o["trainer"]),
         "from_checkpoint_after_training": sum(1 for o in observed if o["checkpoint"] and o["trainer"] != checkpoint_fp),
         "load_weights_events": pushes,
+        "sleep_levels": [e["level"] for e in EVENTS if e["event"] == "sleep"],
+        "weights_wakes_kept": weights_wakes,
         "reloads": sum(1 for e in EVENTS if e["event"] == "reload_weights"),
         "lost_writes": sum(1 for e in EVENTS if e["event"] == "load_weights" and e.get("lost")),
         "guard_warnings": sum(1 for e in EVENTS if e["event"] == "executor_guard"),

@@ -108,7 +108,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                                                     trust_remote_code=mc.trust_remote_code)
 
     def load_model(self, eep_scale_up: bool = False) -> None:
+        from vllm.model_executor.layers import fused_moe
+
         hf = self._from_disk()
+        fused_moe.convert(hf)  # MoE models: vLLM's fused experts (w13_weight / w2_weight), processed
         hf.eval()
         hf.requires_grad_(False)
         hf.__class__ = type("Fake" + type(hf).__name__, (type(hf), VllmModelMixin), {})
@@ -133,7 +136,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         return self.weights_alloc is not None and self.weights_alloc.mapped
 
     def _write_weights(self, weights, source: str) -> set[str]:
-        """default_weight_loader over params_dict (vLLM model load_weights)."""
+        """default_weight_loader over params_dict (vLLM model load_weights); MoE expert tensors through
+        the fused parameter's ``weight_loader`` (vllm.model_executor.layers.fused_moe)."""
+        from vllm.model_executor.layers import fused_moe
+
         params_dict = dict(self.model.named_parameters())
         loaded: set[str] = set()
         names = []
@@ -145,6 +151,16 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             for name, w in weights:
                 if name not in params_dict and name == "lm_head.weight" and getattr(
                         self.model.config, "tie_word_embeddings", False):
+                    continue
+                expert = fused_moe.expert_target(name)
+                if expert is not None:  # qwen3_moe load_weights: expert_params_mapping -> param.weight_loader
+                    fused_name, shard_id, expert_id = expert
+                    param = params_dict[fused_name]
+                    if mapped:
+                        param.weight_loader(param, w.detach().to(param.device, param.dtype), fused_name,
+                                            shard_id=shard_id, expert_id=expert_id)
+                    loaded.add(fused_name)
+                    names.append(name)
                     continue
                 param = params_dict[name]  # KeyError like vLLM for unknown names
                 assert param.size() == w.size(), (
@@ -184,6 +200,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     def reset_prefix_cache(self) -> bool:
         self.prefix_cache.clear()
         return True
+
+    def post_kv_cache_wake_up(self) -> None:
+        """``GPUModelRunner.post_kv_cache_wake_up`` (what vllm-ascend 0.26's ``NPUWorker.wake_up`` calls after
+        a KV-cache wake): ``init_fp8_kv_scales``, a no-op for an unquantized KV cache such as this one's. Not
+        version-gated in the stand-in."""
+        return None
 
     # -- execution ------------------------------------------------------------
     def check_accessible(self):
