@@ -1,0 +1,1 @@
+"""Mirrors vllm/model_executor/layers (the parts the fake's MLA models need)."""
