@@ -13,7 +13,7 @@ import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shim.patching import Patcher  # noqa: E402
+from shim.engine.patcher import Patcher  # noqa: E402
 
 
 class Engine:

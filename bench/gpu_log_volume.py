@@ -20,7 +20,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.gpu import common, runs as R  # noqa: E402
+from tests.gpu import common  # noqa: E402
+from tests.gpu import runs as R
 
 LEVEL = re.compile(r"\[shim[^\]]*\] (DEBUG|INFO|WARNING|ERROR) (.*)$")
 DECISION = re.compile(r"^[a-z0-9-]+ \(")  # "<patch id> (<upstream ref>, <release>): applied" and the like

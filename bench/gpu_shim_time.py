@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.gpu import common  # noqa: E402
 
-# (module, attribute): the steps of shim.sleep_check's sleep and wake that it calls through a module
+# (module, attribute): the steps of shim.vllm.sleep_check's sleep and wake that it calls through a module
 STEPS = [("memory", "probe"), ("memory", "release_cached"), ("memory", "read_before_sleep"),
          ("memory", "after_sleep"), ("sleep_pool", "tracked_bytes"), ("sleep_pool", "bytes_by_tag"),
          ("call_args", "arg"), ("sleep_ops", "plan"), ("sleep_ops", "asleep_tags"), ("sleep_ops", "executor_of"),
@@ -66,11 +66,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     trace = os.path.join(tempfile.mkdtemp(prefix="shim-time-"), "trace.jsonl")
     os.environ["SHIM_TRACE"] = trace
-    import shim.auto  # noqa: F401
     import importlib
 
     import torch
     from vllm import LLM, SamplingParams
+
+    import shim.auto  # noqa: F401
 
     table: dict = {}
     for mod, attr in STEPS:

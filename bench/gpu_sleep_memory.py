@@ -140,7 +140,7 @@ def one(a) -> int:
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
     def gen():
-        return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+        return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]  # noqa: F821 (deleted at the end, after its last call)
 
     ref = gen()
     sleeps = []
@@ -174,9 +174,9 @@ def one(a) -> int:
     agreement = agree(sleeps, shim_events)
     decisions = {}
     if "shim" in sys.modules:
-        from shim import patching
+        from shim.engine import registry
 
-        decisions = {k: d.text() for k, d in patching.decisions().items()
+        decisions = {k: d.text() for k, d in registry.decisions().items()
                      if k.startswith("vllm")}
     result = {"name": a.one, "shim": shim_on, "env_route": _env, "live_route": live, "eager": eager,
               "model": common.model_info(a.model), "engine_kw": {k: v for k, v in kw.items() if k != "model"},

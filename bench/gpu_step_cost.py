@@ -27,7 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.gpu import common, runs as R  # noqa: E402
+from tests.gpu import common  # noqa: E402
+from tests.gpu import runs as R
 
 GUARD_PATCHES = "vllm-sleep-guard,vllm-sleep-check,vllm-llm-sleep-check"
 

@@ -29,7 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.gpu import common, runs as R  # noqa: E402
+from tests.gpu import common  # noqa: E402
+from tests.gpu import runs as R
 
 LOGP = "sampling/sampling_logp_difference/mean"
 RUNS = (

@@ -16,7 +16,7 @@ mode, the wide random Qwen2 (~1.06 B parameters) of the other GPU runs, one run 
                                        every engine parameter at every rollout (``--observe``) as
                                        the ground truth
 
-Cost: the shim's own seconds per verification (``shim.verify.counts()``, perf_counter
+Cost: the shim's own seconds per verification (``shim.verify.weights.counts()``, perf_counter
 around the whole check, device syncs included), median over the checks after the first
 (the first also describes the engine), times checks per step, over the run's median
 s/step (steps after the first). s/step of the runs is reported too, but separate
@@ -33,7 +33,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.gpu import common, runs as R  # noqa: E402
+from tests.gpu import common  # noqa: E402
+from tests.gpu import runs as R
 
 OFF, DEFAULT, EXACT, STALE = ("verify off", "verify default", "verify exact",
                               "verify default, trl-stale-weights off")

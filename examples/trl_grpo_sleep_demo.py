@@ -21,7 +21,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shim import cli, config  # noqa: E402
+from shim.cli import common
+from shim.engine import config
 from tests.support.trl_support import run_trl  # noqa: E402
 
 COLUMNS = (
@@ -45,7 +46,7 @@ def main() -> int:
     parser.add_argument("--trl", default="1.9.2", help="TRL release to run (default 1.9.2)")
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
-    trace, error = cli.check_trace_path(os.environ.get(config.SHIM_TRACE, ""), option=config.SHIM_TRACE)
+    trace, error = common.check_trace_path(os.environ.get(config.SHIM_TRACE, ""), option=config.SHIM_TRACE)
     if error:
         print(error, file=sys.stderr)
         return 2

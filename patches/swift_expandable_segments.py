@@ -16,7 +16,7 @@ CUDA is available, and sets ``PYTORCH_CUDA_ALLOC_CONF`` to
 ``PYTORCH_ALLOC_CONF`` or ``PYTORCH_HIP_ALLOC_CONF``. The rollout mixins import
 it BY NAME, and 4.x's ``sleep_vllm_engine`` calls it through ``utils``: the
 shim rebinds the name in the rollout mixin (and, for 4.x, in ``utils``) to
-``shim.alloc_guard``: ``False`` suspends expandable segments on every route
+``shim.vllm.alloc_guard``: ``False`` suspends expandable segments on every route
 and the live setting, ``True`` puts back exactly what the user had.
 
 4.x has two more by-name importers of the helper (same shape, same binding):
@@ -40,12 +40,12 @@ and the live setting, ``True`` puts back exactly what the user had.
 """
 import sys
 
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 
 def set_expandable_segments(enable: bool) -> None:
-    """Device-agnostic stand-in for ms-swift's helper (``shim.alloc_guard``)."""
-    from shim import alloc_guard, memory
+    """Device-agnostic stand-in for ms-swift's helper (``shim.vllm.alloc_guard``)."""
+    from shim.vllm import alloc_guard, memory
 
     if enable:
         alloc_guard.resume()
@@ -70,7 +70,7 @@ def _binder(utils_module):
     return probe, apply
 
 
-def _patch(patch_id, affected, module, utils_module):
+def _patch(patch_id, affected, module, utils_module, tested_at):
     probe, apply = _binder(utils_module)
     return Patch(
         id=patch_id,
@@ -82,17 +82,18 @@ def _patch(patch_id, affected, module, utils_module):
         probe=probe,
         summary="rollout set_expandable_segments -> shim allocator guard (every route, NPU too, user's string kept)",
         verified="CPU: real ms-swift 3.10.1/4.6.0 rollouts on the stand-in",
+        tested_at=tested_at,
     )
 
 
 V3 = _patch("swift-expandable-segments", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
-            "swift.trainers.rlhf_trainer.utils")
+            "swift.trainers.rlhf_trainer.utils", ("swift", "3.10.1"))
 V4 = _patch("swift-expandable-segments-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
-            "swift.rlhf_trainers.utils")
+            "swift.rlhf_trainers.utils", ("swift", "4.6.0"))
 # Megatron (4.x): the same by-name import in the Megatron rollout mixin and the Ray rollout engine.
 V4_MEGATRON = _patch("swift-expandable-segments-megatron", ">=4.0.0", "swift.megatron.trainers.rollout_mixin",
-                     "swift.rlhf_trainers.utils")
+                     "swift.rlhf_trainers.utils", ("swift-megatron", "4.6.0"))
 V4_RAY = _patch("swift-expandable-segments-ray", ">=4.0.0", "swift.ray.megatron.rollout.ray_vllm_engine",
-                "swift.rlhf_trainers.utils")
+                "swift.rlhf_trainers.utils", ("swift-megatron", "4.6.0"))
 
 PATCHES = [V3, V4, V4_MEGATRON, V4_RAY]

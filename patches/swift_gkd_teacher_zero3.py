@@ -12,13 +12,13 @@ student therefore loads the whole teacher onto every rank (``device_map=cuda:N``
 ``teacher_deepspeed zero3`` partitions it only afterwards, in ``prepare_deepspeed``.
 The shim wraps ``_prepare_single_model`` (the class attribute of the concrete
 module, 3.10.x ``swift.llm.train.rlhf``, 4.x ``swift.pipelines.train.rlhf``) with
-``shim.swift_teacher.load_wrapper`` and, for the teacher only:
+``shim.swift.teacher.load_wrapper`` and, for the teacher only:
 
 1. preflight, before anything of the teacher is read but its ``config.json``:
    parameters x dtype bytes, per rank under the placement the load will really use
    (whole model, or /world_size when partitioned; 0 on the device with ZeRO-3
    parameter offload), against the device's free memory
-   (``shim.deepspeed_teacher``). Too big: ONE ``TeacherWontFit`` error naming the
+   (``shim.deepspeed.teacher``). Too big: ONE ``TeacherWontFit`` error naming the
    numbers and the fixes. It runs whether or not step 2 applies, so the user is
    told about a teacher that cannot fit even partitioned;
 2. when the teacher's config is ZeRO-3 and the global one is not: the load runs
@@ -32,7 +32,7 @@ Stands down (probe, on the code of ``_prepare_single_model``) where it already
 builds a DeepSpeed config or ``zero.Init`` context for the teacher itself, or
 where the code no longer has the shape above.
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 ID = "swift-gkd-teacher-zero3"
 _ALREADY = ("HfTrainerDeepSpeedConfig", "HfDeepSpeedConfig", "zero.Init", "set_hf_deepspeed_config",
@@ -62,9 +62,9 @@ def _probe(module):
 
 def _make_apply(patch_id):
     def apply(module, patcher):
-        from shim import swift_teacher
+        from shim.swift import teacher
 
-        patcher.wrap(module.SwiftRLHF, "_prepare_single_model", swift_teacher.load_wrapper(module, patch_id))
+        patcher.wrap(module.SwiftRLHF, "_prepare_single_model", teacher.load_wrapper(module, patch_id))
 
     return apply
 
@@ -80,7 +80,8 @@ _COMMON = dict(
 )
 
 PATCH_3_10 = Patch(id=ID, affected=">=3.10.0,<4.0.0", module="swift.llm.train.rlhf", apply=_make_apply(ID),
+                   tested_at=("swift", "3.10.1"),
                    **_COMMON)
 PATCH_4 = Patch(id=ID + "-4x", affected=">=4.0.0", module="swift.pipelines.train.rlhf",
-                apply=_make_apply(ID + "-4x"), **_COMMON)
+                apply=_make_apply(ID + "-4x"), tested_at=("swift", "4.6.0"), **_COMMON)
 PATCHES = [PATCH_3_10, PATCH_4]

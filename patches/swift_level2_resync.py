@@ -33,7 +33,7 @@ first sync runs without the trained adapter. 3.12.0 merges the adapter into ever
 4.0.2 pushes it after one (read in the wheels). The shim pushes the adapter after the full push;
 it stands down by probe where ``_move_full_model_to_vllm`` merges or pushes the adapter itself.
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 _FIXED = "sleep_level == 2"
 
@@ -126,6 +126,7 @@ def apply_grpo(module, patcher):
 
 PATCH = Patch(
     id="swift-level2-resync",
+    tested_at=("swift", "3.10.1"),
     issue="ms-swift 3.10-3.11.0 level-2 gap",
     distribution="ms-swift",
     affected=">=3.10.0,<3.11.1",
@@ -141,6 +142,7 @@ PATCH = Patch(
 
 PATCH_GRPO = Patch(
     id="swift-grpo-level2-resync",
+    tested_at=("swift", "3.9.3"),
     issue="ms-swift 3.2.1-3.9 level-2 gap",
     distribution="ms-swift",
     affected=">=3.2.1,<3.10.0",
@@ -153,6 +155,7 @@ PATCH_GRPO = Patch(
 
 PATCH_LORA = Patch(
     id="swift-level2-lora-adapter",
+    tested_at=("swift", "3.11.1"),
     issue="ms-swift 3.11.1-3.12 level-2 LoRA gap",
     distribution="ms-swift",
     affected=">=3.11.1,<3.12.0",

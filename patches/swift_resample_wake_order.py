@@ -26,8 +26,8 @@ when the rollout needs no push and the trainer is offloaded (``enable_offload``)
 Not patched here (yet): the Megatron mixin (``MegatronRolloutMixin._generate_completions``, the same
 order in 4.0.0-4.5.3, the same fix in 4.6.0).
 """
-from shim import swift_wake_order
-from shim.patching import Patch
+from shim.engine.patch import Patch
+from shim.swift import wake_order
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
 _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
@@ -69,15 +69,16 @@ def probe_grpo(module):
 
 
 def apply(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", swift_wake_order.fast_infer)
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", wake_order.fast_infer)
 
 
 def apply_grpo(module, patcher):
-    patcher.wrap(module.GRPOTrainer, "_fast_infer", swift_wake_order.fast_infer)
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", wake_order.fast_infer)
 
 
 PATCH = Patch(
     id="swift-resample-wake-order",
+    tested_at=("swift", "4.5.3"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=4.0.0,<4.6.0",
@@ -93,6 +94,7 @@ PATCH = Patch(
 
 PATCH_3X = Patch(
     id="swift-resample-wake-order-3x",
+    tested_at=("swift", "3.10.1"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=3.10.0,<4.0.0",
@@ -105,6 +107,7 @@ PATCH_3X = Patch(
 
 PATCH_GRPO = Patch(
     id="swift-grpo-resample-wake-order",
+    tested_at=("swift", "3.9.3"),
     issue="modelscope/ms-swift#10109",
     distribution="ms-swift",
     affected=">=3.6.0,<3.10.0",

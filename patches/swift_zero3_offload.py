@@ -35,8 +35,8 @@ records stand down by probe where ``offload_model`` already moves ``ds_tensor``.
 have the same gap in another shape (``offload_model(self)`` moves modules with
 ``module.to('cpu')``): not patched (out of range).
 """
-from shim import zero3_offload
-from shim.patching import Patch
+from shim.engine.patch import Patch
+from shim.swift import zero3_offload
 
 _FIXED = "ds_tensor"
 
@@ -97,6 +97,7 @@ _COMMON = dict(
 
 PATCH = Patch(
     id="swift-zero3-offload",
+    tested_at=("swift", "3.10.1"),
     affected=">=3.10.0,<3.12.3",
     fixed_in="3.12.3",
     module="swift.trainers.rlhf_trainer.rollout_mixin",
@@ -110,6 +111,7 @@ PATCH = Patch(
 
 PATCH_GRPO = Patch(
     id="swift-grpo-zero3-offload",
+    tested_at=("swift", "3.9.3"),
     affected=">=3.5.1,<3.10.0",
     module="swift.trainers.rlhf_trainer.grpo_trainer",
     apply=_apply_to("GRPOTrainer"),

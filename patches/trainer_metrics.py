@@ -9,7 +9,7 @@ Affects:  transformers >=4.38.0 (``Trainer.log(logs, start_time)``), every train
           not counted)
 Remove:   never (a feature); the alarm when trainers check their own weight syncs
 
-One wrapper on the base ``Trainer.log`` (``shim.metrics.wrap_log``), the last
+One wrapper on the base ``Trainer.log`` (``shim.observe.trainer_metrics.wrap_log``), the last
 method every trainer's ``log`` calls before the logs are recorded: it adds the
 ``shim/`` keys to the dict (so they reach ``state.log_history``, the console,
 wandb, tensorboard and ms-swift's ``logging.jsonl``) and feeds the trainer's own
@@ -20,9 +20,9 @@ appends to ``log_history`` before it calls ``on_log`` (read in transformers
 
 ``trainer-metrics-swift`` / ``-4x``: ms-swift pushes the trained weights itself
 (``RolloutTrainerMixin._move_model_to_vllm``, no path of the shim's): each push
-that returned is one ``shim/weight_pushes`` (``shim.metrics.count_push``).
+that returned is one ``shim/weight_pushes`` (``shim.observe.trainer_metrics.count_push``).
 """
-from shim.patching import Patch
+from shim.engine.patch import FEATURE, Patch
 
 ID = "trainer-metrics"
 
@@ -44,13 +44,15 @@ def _probe(module):
 
 
 def _apply(module, patcher):
-    from shim import metrics
+    from shim.observe import trainer_metrics
 
-    patcher.wrap(module.Trainer, "log", metrics.wrap_log)
+    patcher.wrap(module.Trainer, "log", trainer_metrics.wrap_log)
 
 
 PATCH = Patch(
     id=ID,
+    kind=FEATURE,
+    tested_at=("vllm", "0.24.0"),  # transformers.trainer from tests/requirements.txt (4.57.6)
     issue="feature",
     distribution="transformers",
     affected=">=4.38.0",
@@ -71,13 +73,13 @@ def _probe_swift(module):
 
 
 def _apply_swift(module, patcher):
-    from shim import metrics
+    from shim.observe import trainer_metrics
 
-    patcher.wrap(module.RolloutTrainerMixin, "_move_model_to_vllm", metrics.count_push)
+    patcher.wrap(module.RolloutTrainerMixin, "_move_model_to_vllm", trainer_metrics.count_push)
 
 
-def _swift(patch_id, affected, module):
-    return Patch(id=patch_id, issue="feature", distribution="ms-swift", affected=affected, module=module,
+def _swift(patch_id, affected, module, tested_at):
+    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="feature", distribution="ms-swift", affected=affected, module=module,
                  apply=_apply_swift, probe=_probe_swift,
                  summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
                  verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the "
@@ -86,6 +88,6 @@ def _swift(patch_id, affected, module):
 
 PATCHES = [
     PATCH,
-    _swift("trainer-metrics-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin"),
-    _swift("trainer-metrics-swift-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin"),
+    _swift("trainer-metrics-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin", ("swift", "3.10.1")),
+    _swift("trainer-metrics-swift-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin", ("swift", "4.6.0")),
 ]

@@ -11,18 +11,19 @@ tag; the weights are woken (and pushed) only by the step-end sync callback.
 An on-policy generation before the first sync, or between syncs
 (gradient accumulation, ``vllm_sync_frequency > 1``), runs with the weights
 unmapped: an illegal memory access on CUDA. Bound through
-``shim.trl_binding``: the trainer's ``_move_model_to_vllm`` runs (weights woken
+``shim.trl.colocate``: the trainer's ``_move_model_to_vllm`` runs (weights woken
 first) before every generate whose weights are asleep or discarded, and its
 ``reload_weights`` from disk is skipped (the push follows right after it).
 """
-from shim.patching import Patch
-from shim.trl_binding import binding, gold_colocate_sleep
+from shim.engine.patch import Patch
+from shim.trl.colocate import binding, gold_colocate_sleep
 
 _probe, _apply = binding("GOLDTrainer", "_generate_on_policy_outputs_vllm", predicate=gold_colocate_sleep,
                          llm_attr="vllm_engine")
 
 PATCH = Patch(
     id="trl-gold-weights-asleep",
+    tested_at=("trl", "0.29.1"),
     issue="trl GOLD weights asleep",
     distribution="trl",
     affected=">=0.25.0,<1.0.0",

@@ -10,12 +10,12 @@ pushes the trained weights only when ``global_step != _last_loaded_step``. A
 second generation in the same step (tool-call loop, evaluation then training,
 several generation batches per step) samples from discarded memory (0.25.x)
 or from the checkpoint on disk that ``collective_rpc("reload_weights")``
-brought back (0.26-0.27). Bound through ``shim.trl_binding``: no reload from
+brought back (0.26-0.27). Bound through ``shim.trl.colocate``: no reload from
 disk, and ``_move_model_to_vllm`` runs before any generate whose weights are
 not the trainer's.
 """
-from shim.patching import Patch
-from shim.trl_binding import binding
+from shim.engine.patch import Patch
+from shim.trl.colocate import binding
 
 
 def _patch(patch_id, module, class_name):
@@ -31,6 +31,7 @@ def _patch(patch_id, module, class_name):
         summary=f"{class_name}: trained weights pushed before every generate after a level-2 sleep; "
                 "no reload_weights from disk",
         verified=f"CPU: real TRL 0.25.1/0.26.2/0.27.2 {class_name} on the vLLM stand-in",
+        tested_at=("trl", "0.27.2"),
     )
 
 

@@ -8,17 +8,18 @@ Remove:   when upstream pushes the weights after every level-2 sleep
 ``OnlineDPOTrainer._generate_vllm_colocate`` runs once per micro-batch: it
 wakes the weights, pushes them only when ``global_step`` changed, generates,
 and sleeps at level 2, which discards the weights. Micro-batches 2..N of a
-step generate from undefined memory. Bound through ``shim.trl_binding``:
+step generate from undefined memory. Bound through ``shim.trl.colocate``:
 ``_move_model_to_vllm`` runs before every generate whose weights were
 discarded.
 """
-from shim.patching import Patch
-from shim.trl_binding import binding
+from shim.engine.patch import Patch
+from shim.trl.colocate import binding
 
 _probe, _apply = binding("OnlineDPOTrainer", "_generate_vllm_colocate")
 
 PATCH = Patch(
     id="trl-online-dpo-resync",
+    tested_at=("trl", "1.9.2"),
     issue="trl OnlineDPO level-2 gap",
     distribution="trl",
     affected=">=0.28.0",

@@ -7,16 +7,16 @@ Remove:   when the shim's minimum supported trl is >=1.10.0
 ``VLLMGeneration.generate`` wakes the weights and calls
 ``collective_rpc("reload_weights")`` after the trainer's ``sync_weights``
 pushed the trained weights, so every rollout samples from the checkpoint on
-disk. Bound through ``shim.trl_binding``: the colocated ``llm`` sits behind
-``shim.synced_llm``, so the reload never reads the disk, the trainer's
+disk. Bound through ``shim.trl.colocate``: the colocated ``llm`` sits behind
+``shim.trl.synced_llm``, so the reload never reads the disk, the trainer's
 weights are pushed before a generate whenever the engine's weights are asleep
 or were discarded by the level-2 sleep (the semantics of the upstream
 ``_llm_weights_sleeping`` flag), ``sync_weights`` wakes the weights before
 writing them (0.28.x lacks that wake), and backends without
 ``reload_weights`` (vllm-ascend < 0.24.0rc1) are never asked for it.
 """
-from shim.patching import Patch
-from shim.trl_binding import binding, generation_colocate_sleep
+from shim.engine.patch import Patch
+from shim.trl.colocate import binding, generation_colocate_sleep
 
 _probe_shape, _apply = binding("VLLMGeneration", "generate", "sync_weights", generation_colocate_sleep)
 
@@ -32,6 +32,7 @@ def probe(module):
 
 PATCH = Patch(
     id="trl-stale-weights",
+    tested_at=("trl", "1.9.2"),
     issue="huggingface/trl#5312",
     distribution="trl",
     affected=">=0.28.0,<1.10.0",

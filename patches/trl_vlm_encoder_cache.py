@@ -11,11 +11,11 @@ prefix cache. vLLM's encoder cache keeps each image's encoder output by content
 hash across requests, so the next rollout with the same image reads the
 embedding of the old vision tower. The patch wraps ``sync_weights``: after it,
 in colocate mode, the engine's encoder and multi-modal caches are reset
-(``shim.engine_caches``; the shim's own push path, ``shim.trl_binding``, does
+(``shim.vllm.caches``; the shim's own push path, ``shim.trl.colocate``, does
 the same while this patch is on). Stands down where ``sync_weights`` already
 resets the encoder cache.
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 
 def probe(module):
@@ -30,13 +30,14 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim import engine_caches
+    from shim.vllm import caches
 
-    patcher.wrap(module.VLLMGeneration, "sync_weights", engine_caches.after_sync_weights)
+    patcher.wrap(module.VLLMGeneration, "sync_weights", caches.after_sync_weights)
 
 
 PATCH = Patch(
     id="trl-vlm-encoder-cache",
+    tested_at=("trl", "1.16.0"),
     issue="huggingface/trl#7198",
     distribution="trl",
     affected=">=0.28.0",

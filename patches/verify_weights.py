@@ -9,7 +9,7 @@ Remove:   never (a run-time check, not a fix); a row goes when its trainer leave
 
 Verify-only records, independent of the fixes: they apply whether or not a bug patch applies
 (TRL 1.10.0+, a patch in SHIM_DISABLED_PATCHES, a patch standing down), and stand down when
-SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify``):
+SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify.weights``):
 
 - ``verify-weights-vllm`` wraps ``vllm.LLM.generate`` / ``chat``: right before vLLM samples,
   inside every other wrapper (the shim's push-before-generate runs first), it verifies an
@@ -25,8 +25,8 @@ SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify``):
   colocate fast inference only, never with ``async_generate`` (rollouts one step behind by
   design).
 """
-from shim import trl_binding
-from shim.patching import Patch
+from shim.engine.patch import FEATURE, Patch
+from shim.trl import colocate
 
 SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn (0.25-0.27), "
          "OnlineDPO _generate_vllm_colocate, GOLD _generate_on_policy_outputs_vllm (<1.0), "
@@ -34,7 +34,7 @@ SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn 
 
 
 def _off():
-    from shim import config
+    from shim.engine import config
 
     try:
         return None if config.verify_weights() else f"{config.SHIM_VERIFY_WEIGHTS} is off"
@@ -50,7 +50,7 @@ def _shape(module, class_name, names):
 
 # -- vLLM: the check, right before sampling -------------------------------------------------
 def _before_generate(wrapped, instance, args, kwargs):
-    from shim import verify
+    from shim.verify import weights as verify
 
     verify.before_generate(instance)
     return wrapped(*args, **kwargs)
@@ -70,7 +70,8 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
     site = f"{class_name}.{method}"
 
     def wrapper(wrapped, instance, args, kwargs):
-        from shim import synced_llm, verify
+        from shim.trl import synced_llm
+        from shim.verify import weights as verify
 
         llm = getattr(instance, llm_attr, None)
         if llm is None or not predicate(instance) or synced_llm.owned_by_swift(instance):
@@ -89,7 +90,7 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
 
 # -- ms-swift: no LLM.generate; verify before the rollout's inference -------------------------
 def _swift_infer(wrapped, instance, args, kwargs):
-    from shim import verify
+    from shim.verify import weights as verify
 
     train_args = getattr(instance, "args", None)
     engine = getattr(instance, "engine", None)
@@ -109,9 +110,10 @@ def _apply_swift(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_infer_single_or_multi_turn", _swift_infer)
 
 
-def _patch(patch_id, distribution, affected, module, probe_apply, summary):
+def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at):
     probe, apply = probe_apply
-    return Patch(id=patch_id, issue="weight verification (SHIM_VERIFY_WEIGHTS)", distribution=distribution,
+    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="weight verification (SHIM_VERIFY_WEIGHTS)",
+                 distribution=distribution,
                  affected=affected, module=module, apply=apply, probe=probe, summary=summary,
                  verified="CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with "
                           "trl-stale-weights disabled, silent with it on")
@@ -119,26 +121,26 @@ def _patch(patch_id, distribution, affected, module, probe_apply, summary):
 
 PATCHES = [
     _patch("verify-weights-vllm", "vllm", ">=0.8.0", "vllm.entrypoints.llm", (_probe_vllm, _apply_vllm),
-           "LLM.generate/chat: an armed engine's weights compared with the trainer's right before sampling"),
+           "LLM.generate/chat: an armed engine's weights compared with the trainer's right before sampling", ("vllm", "0.24.0")),
     _patch("verify-weights-trl", "trl", ">=0.28.0", "trl.generation.vllm_generation",
-           _arming("VLLMGeneration", "generate", trl_binding.generation_colocate),
-           "VLLMGeneration.generate (colocate) arms its engine with the trainer model"),
+           _arming("VLLMGeneration", "generate", colocate.generation_colocate),
+           "VLLMGeneration.generate (colocate) arms its engine with the trainer model", ("trl", "1.9.2")),
     _patch("verify-weights-trl-grpo", "trl", ">=0.25.0,<0.28.0", "trl.trainer.grpo_trainer",
-           _arming("GRPOTrainer", "_generate_single_turn", trl_binding.trainer_colocate),
-           "GRPOTrainer._generate_single_turn (colocate) arms its engine with the trainer model"),
+           _arming("GRPOTrainer", "_generate_single_turn", colocate.trainer_colocate),
+           "GRPOTrainer._generate_single_turn (colocate) arms its engine with the trainer model", ("trl", "0.27.2")),
     _patch("verify-weights-trl-rloo", "trl", ">=0.25.0,<0.28.0", "trl.trainer.rloo_trainer",
-           _arming("RLOOTrainer", "_generate_single_turn", trl_binding.trainer_colocate),
-           "RLOOTrainer._generate_single_turn (colocate) arms its engine with the trainer model"),
+           _arming("RLOOTrainer", "_generate_single_turn", colocate.trainer_colocate),
+           "RLOOTrainer._generate_single_turn (colocate) arms its engine with the trainer model", ("trl", "0.27.2")),
     _patch("verify-weights-trl-online-dpo", "trl", ">=0.28.0", "trl.experimental.online_dpo.online_dpo_trainer",
-           _arming("OnlineDPOTrainer", "_generate_vllm_colocate", trl_binding.trainer_colocate),
-           "OnlineDPOTrainer._generate_vllm_colocate arms its engine with the trainer model"),
+           _arming("OnlineDPOTrainer", "_generate_vllm_colocate", colocate.trainer_colocate),
+           "OnlineDPOTrainer._generate_vllm_colocate arms its engine with the trainer model", ("trl", "1.9.2")),
     _patch("verify-weights-trl-gold", "trl", ">=0.25.0,<1.0.0", "trl.experimental.gold.gold_trainer",
-           _arming("GOLDTrainer", "_generate_on_policy_outputs_vllm", trl_binding.gold_colocate, llm_attr="vllm_engine"),
-           "GOLDTrainer._generate_on_policy_outputs_vllm (colocate) arms its engine with the trainer model"),
+           _arming("GOLDTrainer", "_generate_on_policy_outputs_vllm", colocate.gold_colocate, llm_attr="vllm_engine"),
+           "GOLDTrainer._generate_on_policy_outputs_vllm (colocate) arms its engine with the trainer model", ("trl", "0.29.1")),
     _patch("verify-weights-swift", "ms-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
            (_probe_swift, _apply_swift),
-           "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout"),
+           "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout", ("swift", "3.10.1")),
     _patch("verify-weights-swift-4x", "ms-swift", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
            (_probe_swift, _apply_swift),
-           "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout"),
+           "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout", ("swift", "4.6.0")),
 ]

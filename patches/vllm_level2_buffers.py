@@ -11,26 +11,26 @@ Remove:   when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the res
 The saved buffers are copied into the still-unmapped weight memory:
 CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
 copies are dropped; no weight push restores them (they are in no checkpoint). The patch wraps the worker's ``wake_up``: a wake without ``weights``
-leaves the saved buffers for the weights wake (``shim.buffer_keep``). The probe
+leaves the saved buffers for the weights wake (``shim.vllm.buffers``). The probe
 reads ``wake_up`` and stands down where the restore already waits for the
 weights tag.
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 
 def _binding(class_name):
     def probe(module):
-        from shim import buffer_keep
+        from shim.vllm import buffers
 
         cls = getattr(module, class_name, None)
         if cls is None:
             return f"upstream shape changed (no {class_name})"
-        return buffer_keep.probe_restore(cls)
+        return buffers.probe_restore(cls)
 
     def apply(module, patcher):
-        from shim import buffer_keep
+        from shim.vllm import buffers
 
-        patcher.wrap(getattr(module, class_name), "wake_up", buffer_keep.keep_buffers)
+        patcher.wrap(getattr(module, class_name), "wake_up", buffers.keep_buffers)
 
     return probe, apply
 
@@ -40,6 +40,7 @@ _probe_npu, _apply_npu = _binding("NPUWorker")
 
 GPU = Patch(
     id="vllm-level2-buffers",
+    tested_at=("vllm", "0.24.0"),
     issue="vllm-project/vllm#45619",
     distribution="vllm",
     affected=">=0.8.0,<0.27.0",
@@ -53,6 +54,7 @@ GPU = Patch(
 
 NPU = Patch(
     id="vllm-ascend-level2-buffers",
+    tested_at=("vllm-npu", "0.24.0"),
     issue="vllm-ascend NPUWorker.wake_up (as vllm#45619, unfixed)",
     distribution="vllm-ascend",
     affected=">=0.13.0rc1",

@@ -11,9 +11,9 @@ wraps ``LLMEngine.reset_prefix_cache`` (``vllm.LLM`` delegates to it; ms-swift
 calls it directly): a False result is retried once the KV cache is idle (at once
 when no request is unfinished, else with the running requests preempted), and a
 second False is one WARNING per engine (``SHIM_STRICT=1`` raises)
-(``shim.engine_caches``).
+(``shim.vllm.caches``).
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 
 def probe(module):
@@ -24,13 +24,14 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim import engine_caches
+    from shim.vllm import caches
 
-    patcher.wrap(module.LLMEngine, "reset_prefix_cache", engine_caches.check_prefix_reset)
+    patcher.wrap(module.LLMEngine, "reset_prefix_cache", caches.check_prefix_reset)
 
 
 PATCH = Patch(
     id="vllm-prefix-reset-check",
+    tested_at=("vllm", "0.24.0"),
     issue="vllm-project/vllm#28827",
     distribution="vllm",
     affected=">=0.12.0",

@@ -13,29 +13,29 @@ Three records on the concrete modules trainers use; the behaviour lives in ``shi
 
 - ``vllm-sleep-guard`` (``vllm.v1.engine.llm_engine.LLMEngine.__init__`` and
   ``wake_up``; ``vllm.LLM`` builds and wakes through it, ms-swift calls it
-  directly): the allocator guard (``shim.vllm_alloc_guard``, ``shim.alloc_guard``):
+  directly): the allocator guard (``shim.vllm.engine_guard``, ``shim.vllm.alloc_guard``):
   while a sleep-mode engine allocates into its pool, expandable segments are off
   whichever of the four env vars or the live setting turned them on; the user's
   exact setting is back afterwards.
 - ``vllm-sleep-check`` (``LLMEngine.__init__``, ``sleep``, ``wake_up``) and
   ``vllm-llm-sleep-check`` (``vllm.entrypoints.llm.LLM``, same methods): the
-  sleep check (``shim.sleep_check``): every sleep verified (``shim.sleep_verdict``:
+  sleep check (``shim.vllm.sleep_check``): every sleep verified (``shim.vllm.sleep_verdict``:
   device readings where needed, the pool's bookkeeping otherwise), the first-sleep
-  reset after warm-up (``shim.first_sleep_reset``), per-tag wake, one telemetry
-  event per construction/sleep/wake (``shim.telemetry``). Only the outermost of
+  reset after warm-up (``shim.vllm.first_sleep_reset``), per-tag wake, one telemetry
+  event per construction/sleep/wake (``shim.observe.events``). Only the outermost of
   the two acts on a sleep or wake (``LLM.sleep`` delegates to ``LLMEngine.sleep``),
   state keyed by the engine.
 
 All three stand down with one line when neither CUDA (``torch.cuda``) nor an
 Ascend NPU (``torch.npu``) is the device.
 """
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 
 def _no_device():
     import importlib
 
-    from shim import memory
+    from shim.vllm import memory
 
     try:
         importlib.import_module("vllm.platforms")
@@ -66,16 +66,16 @@ def _probe_llm(module):
 
 
 def _apply_guard(module, patcher):
-    from shim import alloc_guard, memory, vllm_alloc_guard
+    from shim.vllm import alloc_guard, engine_guard, memory
 
     alloc_guard.track_live_setting(memory.probe(), patcher)
-    patcher.wrap(module.LLMEngine, "__init__", vllm_alloc_guard.guard_init)
-    patcher.wrap(module.LLMEngine, "wake_up", vllm_alloc_guard.guard_wake)
+    patcher.wrap(module.LLMEngine, "__init__", engine_guard.guard_init)
+    patcher.wrap(module.LLMEngine, "wake_up", engine_guard.guard_wake)
 
 
 def _apply_check(owner_name, init_name):
     def apply(module, patcher):
-        from shim import sleep_check
+        from shim.vllm import sleep_check
 
         owner = getattr(module, owner_name)
         patcher.wrap(owner, "__init__", getattr(sleep_check, init_name))
@@ -90,6 +90,7 @@ _AFFECTED = ">=0.8.0"
 
 GUARD = Patch(
     id="vllm-sleep-guard",
+    tested_at=("vllm", "0.24.0"),
     issue=_ISSUE,
     distribution="vllm",
     affected=_AFFECTED,
@@ -103,6 +104,8 @@ GUARD = Patch(
 
 CHECK = Patch(
     id="vllm-sleep-check",
+    tested_at=("vllm", "0.24.0"),
+    kind="check",
     issue=_ISSUE,
     distribution="vllm",
     affected=_AFFECTED,
@@ -116,6 +119,8 @@ CHECK = Patch(
 
 LLM_CHECK = Patch(
     id="vllm-llm-sleep-check",
+    tested_at=("vllm", "0.24.0"),
+    kind="check",
     issue=_ISSUE,
     distribution="vllm",
     affected=_AFFECTED,

@@ -15,38 +15,39 @@ def activate() -> bool:
     Returns True when active. A bad environment switch is reported in one line
     on stderr and leaves the shim off (the user's program still runs). Under
     SHIM_STRICT=1 a patch that failed on a module imported before this call
-    raises ``shim.patching.PatchFailed``, after every patch is registered.
+    raises ``shim.engine.patch.PatchFailed``, after every patch is registered.
     """
     import sys
 
-    from shim import config, log, patching, registry
+    from shim.engine import catalog, config, log, registry
+    from shim.engine.patch import PatchFailed
 
     try:
         log.setup(debug=config.debug())
-        first = not patching._registry.active
-        active = patching.activate(registry.entries(), registry.removed())
+        first = not registry._registry.active
+        active = registry.activate(catalog.entries(), catalog.removed())
     except config.ConfigError as exc:
         print(f"[shim] ERROR {exc}; shim not activated", file=sys.stderr)
         return False
-    except patching.PatchFailed:
+    except PatchFailed:
         raise
     except Exception as exc:  # the shim itself is broken: say so, never break the user's program
-        if patching._strict():
+        if config.strict():
             raise
         print(f"[shim] ERROR activation failed: {type(exc).__name__}: {exc}; shim not activated", file=sys.stderr)
         return False
     trace = config.trace_path()
     if active and first and trace:
-        from shim import telemetry
+        from shim.observe import events
 
         try:
-            telemetry.record_activation(trace)
+            events.record_activation(trace)
         except OSError as exc:
             log.warning(f"cannot write SHIM_TRACE={trace}: {exc}")
     return active
 
 
 def is_active() -> bool:
-    from shim import patching
+    from shim.engine import registry
 
-    return patching._registry.active
+    return registry._registry.active

@@ -71,7 +71,7 @@ def test_run_bad_switch_exit_2_nothing_started():
 
 
 def test_run_unknown_disabled_id_warns_and_runs():
-    code = "import shim; from shim import patching; print(shim.is_active(), patching.decisions()['trl-stale-weights'].decision)"
+    code = "import shim; from shim.engine import registry; print(shim.is_active(), registry.decisions()['trl-stale-weights'].decision)"
     proc = shim_run(["--disable", "nope", sys.executable, "-c", code])
     assert proc.returncode == 0 and proc.stdout.strip() == "True waiting", proc.stderr
     assert "nope" in proc.stderr and "trl-stale-weights" in proc.stderr  # names it and the valid ids
@@ -94,9 +94,9 @@ def test_user_patches_package_beside_the_script(tmp_path):
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "__init__.py").write_text("MINE = True\nALL = 'not a list of patches'\n")
     (tmp_path / "train.py").write_text(
-        "import json, shim.auto, shim\nimport patches\nfrom shim import registry\n"
+        "import json, shim.auto, shim\nimport patches\nfrom shim.engine import catalog\n"
         "print(json.dumps({'active': shim.is_active(), 'mine': getattr(patches, 'MINE', False),"
-        " 'ids': len(registry.all_patches())}))\n")
+        " 'ids': len(catalog.all_patches())}))\n")
     env = clean_env(PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "train.py"], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -163,7 +163,8 @@ def test_install_uninstall_fresh_venv(tmp_path):
     py = str(env_dir / "bin" / "python")
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    import packaging, wrapt  # the shim's two runtime deps, taken from this environment
+    import packaging  # the shim's two runtime deps, taken from this environment
+    import wrapt
     deps = {os.path.dirname(os.path.dirname(m.__file__)) for m in (packaging, wrapt)}
     with open(os.path.join(site, "aaa_deps.pth"), "w") as f:
         f.write("\n".join([str(REPO), *deps]) + "\n")
@@ -197,11 +198,12 @@ def test_built_wheel_installs_one_top_level_package(tmp_path):
     work = tmp_path / "work"
     (work / "patches").mkdir(parents=True)
     (work / "patches" / "__init__.py").write_text("MINE = True\n")
-    import packaging, wrapt  # the runtime deps, from this environment
+    import packaging  # the runtime deps, from this environment
+    import wrapt
     deps = [os.path.dirname(os.path.dirname(m.__file__)) for m in (packaging, wrapt)]
-    code = ("import json, shim.auto, shim, patches\nfrom shim import registry\n"
+    code = ("import json, shim.auto, shim, patches\nfrom shim.engine import catalog\n"
             "print(json.dumps({'active': shim.is_active(), 'mine': getattr(patches, 'MINE', False),"
-            " 'from': registry.patch_module('trl_gold').__file__, 'n': len(registry.all_patches())}))")
+            " 'from': catalog.patch_module('trl_gold').__file__, 'n': len(catalog.all_patches())}))")
     env = clean_env(PYTHONPATH=os.pathsep.join([str(site), *deps]))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=work)
     assert proc.returncode == 0, proc.stderr

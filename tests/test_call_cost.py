@@ -1,8 +1,8 @@
 """The cheap paths of the per-call bookkeeping (issue 12, part 6): the same answers as the slow ones.
 
-- ``shim.call_args.arg`` reads a positional-only call from the cached signature's positions
+- ``shim.engine.call_args.arg`` reads a positional-only call from the cached signature's positions
   instead of ``inspect``'s ``bind_partial``;
-- ``shim.sleep_pool.bytes_by_tag`` / ``tracked_bytes`` keep the pool's sums while its records
+- ``shim.vllm.sleep_pool.bytes_by_tag`` / ``tracked_bytes`` keep the pool's sums while its records
   keep their count and newest key, and sum again when either changes or when ``exact``.
 
 The pool here is a stand-in for vLLM's ``CuMemAllocator`` singleton
@@ -18,8 +18,9 @@ import types
 
 import pytest
 
-from shim import call_args, sleep_pool
-from shim.memory import Probe
+from shim.engine import call_args
+from shim.vllm import sleep_pool
+from shim.vllm.memory import Probe
 
 GiB = 1 << 30
 

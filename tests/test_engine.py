@@ -7,10 +7,12 @@ PATH = [TOY_SITE, DATA]
 
 RESULT = """
 import json
-from shim import patching
+from shim.engine import registry
+from shim.engine.patch import PatchFailed
+from shim.engine.patcher import markers
 import toyup.core as core
 e = core.Engine()
-print(json.dumps({"out": e.generate("x"), "decisions": {k: d.text() for k, d in patching.decisions().items()},
+print(json.dumps({"out": e.generate("x"), "decisions": {k: d.text() for k, d in registry.decisions().items()},
                   "wrapped": type(vars(core.Engine)["generate"]).__name__}))
 """
 
@@ -21,63 +23,63 @@ def run(code, **env):
 
 
 def test_activate_before_import():
-    out, err = run("import toy_patches; from shim import patching, log; log.setup(); patching.activate([toy_patches.OK])")
+    out, err = run("import toy_patches; from shim.engine import registry; from shim.engine import log; log.setup(); registry.activate([toy_patches.OK])")
     assert out["out"] == "patched:original:x"
     assert out["decisions"] == {"toy-ok": "applied"}
     assert err.count("toy-ok") == 1  # exactly one decision line
 
 
 def test_activate_after_import():
-    out, _ = run("import toyup.core, toy_patches; from shim import patching; patching.activate([toy_patches.OK])")
+    out, _ = run("import toyup.core, toy_patches; from shim.engine import registry; registry.activate([toy_patches.OK])")
     assert out["out"] == "patched:original:x"
 
 
 def test_activate_twice_wraps_once():
-    out, err = run("import toy_patches; from shim import patching, log; log.setup()\n"
-                   "patching.activate([toy_patches.OK]); patching.activate([toy_patches.OK])\n"
-                   "import toyup.core; patching._on_import(toy_patches.OK, toyup.core)")
+    out, err = run("import toy_patches; from shim.engine import registry; from shim.engine import log; log.setup()\n"
+                   "registry.activate([toy_patches.OK]); registry.activate([toy_patches.OK])\n"
+                   "import toyup.core; registry._on_import(toy_patches.OK, toyup.core)")
     assert out["out"] == "patched:original:x"  # not patched:patched:
     assert err.count("toy-ok") == 1
 
 
 def test_disabled_by_env():
-    out, _ = run("import toy_patches; from shim import patching; patching.activate([toy_patches.OK])", SHIM_DISABLED="1")
+    out, _ = run("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.OK])", SHIM_DISABLED="1")
     assert out["out"] == "original:x" and out["decisions"] == {} and out["wrapped"] == "function"
 
 
 def test_disabled_patch_by_env():
-    out, _ = run("import toy_patches; from shim import patching; patching.activate([toy_patches.OK])",
+    out, _ = run("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.OK])",
                  SHIM_DISABLED_PATCHES="toy-ok")
     assert out["out"] == "original:x" and out["decisions"]["toy-ok"].startswith("disabled")
 
 
 def test_out_of_range_stands_down_nothing_wrapped():
-    out, _ = run("import toy_patches; from shim import patching; patching.activate([toy_patches.OUT_OF_RANGE])")
+    out, _ = run("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.OUT_OF_RANGE])")
     assert out["out"] == "original:x" and out["wrapped"] == "function"
     assert out["decisions"]["toy-old"] == "stand down: version not in >=2.0"
 
 
 def test_probe_failure_stands_down():
-    out, _ = run("import toy_patches; from shim import patching; patching.activate([toy_patches.PROBE_FAILS])")
+    out, _ = run("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.PROBE_FAILS])")
     assert out["out"] == "original:x" and out["wrapped"] == "function"
     assert out["decisions"]["toy-probe"].startswith("stand down: upstream shape changed")
 
 
 def test_exception_in_patch_rolls_back_and_keeps_import():
-    out, err = run("import toy_patches; from shim import patching, log; log.setup(); patching.activate([toy_patches.BOOM])")
+    out, err = run("import toy_patches; from shim.engine import registry; from shim.engine import log; log.setup(); registry.activate([toy_patches.BOOM])")
     assert out["out"] == "original:x" and out["wrapped"] == "function"
     assert out["decisions"]["toy-boom"] == "failed: RuntimeError: boom inside the patch"
     assert "WARNING" in err and "boom" in err
 
 
 def test_strict_mode_raises():
-    proc = run_python("import toy_patches; from shim import patching; patching.activate([toy_patches.BOOM])\nimport toyup.core",
+    proc = run_python("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.BOOM])\nimport toyup.core",
                       path=PATH, env=clean_env(SHIM_STRICT="1"), check=False)
     assert proc.returncode != 0 and "boom inside the patch" in proc.stderr
 
 
 def test_remove_restores_original():
-    out, _ = run("import toy_patches, toyup.core; from shim import patching; patching.activate([toy_patches.OK]); patching.remove('toy-ok')")
+    out, _ = run("import toy_patches, toyup.core; from shim.engine import registry; registry.activate([toy_patches.OK]); registry.remove('toy-ok')")
     assert out["out"] == "original:x" and out["wrapped"] == "function"
 
 
@@ -89,8 +91,8 @@ def test_bad_flag_value_one_line_and_inactive():
 
 
 def test_unknown_disabled_id_warns_once_and_the_rest_keeps_working():
-    out, err = run("import toy_patches; from shim import patching, log; log.setup()\n"
-                   "patching.activate([toy_patches.OK, toy_patches.SECOND])",
+    out, err = run("import toy_patches; from shim.engine import registry; from shim.engine import log; log.setup()\n"
+                   "registry.activate([toy_patches.OK, toy_patches.SECOND])",
                    SHIM_DISABLED_PATCHES="no-such-patch,toy-second")
     assert out["out"] == "patched:original:x"  # toy-ok applied, toy-second disabled
     assert out["decisions"] == {"toy-ok": "applied", "toy-second": "disabled: listed in SHIM_DISABLED_PATCHES"}
@@ -99,16 +101,16 @@ def test_unknown_disabled_id_warns_once_and_the_rest_keeps_working():
 
 
 def test_removed_id_in_disable_list_is_silent():
-    out, err = run("import toy_patches; from shim import patching, log; log.setup()\n"
-                   "patching.activate([toy_patches.OK], known_removed={'toy-gone': 'removed in 0.2'})",
+    out, err = run("import toy_patches; from shim.engine import registry; from shim.engine import log; log.setup()\n"
+                   "registry.activate([toy_patches.OK], known_removed={'toy-gone': 'removed in 0.2'})",
                    SHIM_DISABLED_PATCHES="toy-gone")
     assert out["decisions"] == {"toy-ok": "applied"} and "WARNING" not in err
 
 
 def test_real_registry_unknown_id_keeps_every_patch():
-    proc = run_python("import json, shim.auto, shim\nfrom shim import patching\n"
-                      "print(json.dumps({'active': shim.is_active(), 'n': len(patching.decisions()),"
-                      " 'waiting': sum(d.decision == 'waiting' for d in patching.decisions().values())}))",
+    proc = run_python("import json, shim.auto, shim\nfrom shim.engine import registry\n"
+                      "print(json.dumps({'active': shim.is_active(), 'n': len(registry.decisions()),"
+                      " 'waiting': sum(d.decision == 'waiting' for d in registry.decisions().values())}))",
                       env=clean_env(SHIM_DISABLED_PATCHES="trl-removed-long-ago"))
     out = last_json(proc)
     assert out["active"] and out["n"] == out["waiting"] > 10
@@ -116,11 +118,12 @@ def test_real_registry_unknown_id_keeps_every_patch():
 
 
 def test_strict_failure_before_activation_raises_after_every_patch_is_registered():
-    code = ("import json, toyup.core, toy_patches, shim\nfrom shim import patching\n"
-            "try:\n    patching.activate([toy_patches.BOOM, toy_patches.OK])\nexcept patching.PatchFailed as exc:\n"
+    code = ("import json, toyup.core, toy_patches, shim\nfrom shim.engine import registry\n"
+            "from shim.engine.patch import PatchFailed\n"
+            "try:\n    registry.activate([toy_patches.BOOM, toy_patches.OK])\nexcept PatchFailed as exc:\n"
             "    raised = str(exc)\n"
-            "print(json.dumps({'raised': raised, 'again': patching.activate([toy_patches.BOOM, toy_patches.OK]),"
-            " 'decisions': {k: d.text() for k, d in patching.decisions().items()},"
+            "print(json.dumps({'raised': raised, 'again': registry.activate([toy_patches.BOOM, toy_patches.OK]),"
+            " 'decisions': {k: d.text() for k, d in registry.decisions().items()},"
             " 'out': toyup.core.Engine().generate('x')}))")
     out = last_json(run_python(code, path=PATH, env=clean_env(SHIM_STRICT="1")))
     assert out["raised"].startswith("toy-boom: RuntimeError: boom inside the patch")
@@ -129,7 +132,7 @@ def test_strict_failure_before_activation_raises_after_every_patch_is_registered
 
 
 def test_probe_and_apply_run_outside_the_registry_lock():
-    out, _ = run("import toy_patches; from shim import patching; patching.activate([toy_patches.LOCK_PROBE])\n"
+    out, _ = run("import toy_patches; from shim.engine import registry; registry.activate([toy_patches.LOCK_PROBE])\n"
                  "import toyup.core\nassert toy_patches.LOCK_SEEN == [False], toy_patches.LOCK_SEEN")
     assert out["decisions"] == {"toy-lock": "applied"}
 
@@ -137,15 +140,16 @@ def test_probe_and_apply_run_outside_the_registry_lock():
 @pytest.mark.parametrize("first", ["toy-ok", "toy-second"])
 def test_remove_from_a_stack_of_two_takes_out_only_its_own(first):
     other = {"toy-ok": "toy-second", "toy-second": "toy-ok"}[first]
-    code = ("import json, toyup.core, toy_patches\nfrom shim import patching\n"
-            "patching.activate([toy_patches.OK, toy_patches.SECOND])\n"
+    code = ("import json, toyup.core, toy_patches\nfrom shim.engine import registry\n"
+            "from shim.engine.patcher import markers\n"
+            "registry.activate([toy_patches.OK, toy_patches.SECOND])\n"
             "E = toyup.core.Engine\nbefore = E().generate('x')\n"
-            f"removed = patching.remove({first!r})\n"
-            "mid = {'out': E().generate('x'), 'markers': patching.markers(vars(E)['generate'])}\n"
-            f"patching.remove({other!r})\n"
+            f"removed = registry.remove({first!r})\n"
+            "mid = {'out': E().generate('x'), 'markers': markers(vars(E)['generate'])}\n"
+            f"registry.remove({other!r})\n"
             "print(json.dumps({'before': before, 'removed': removed, 'mid': mid, 'after': E().generate('x'),"
             " 'plain': type(vars(E)['generate']).__name__,"
-            " 'decisions': {k: d.text() for k, d in patching.decisions().items()}}))")
+            " 'decisions': {k: d.text() for k, d in registry.decisions().items()}}))")
     out = last_json(run_python(code, path=PATH))
     assert out["before"] == "second:patched:original:x" and out["removed"] is True
     assert out["mid"]["markers"] == [other]
@@ -155,18 +159,19 @@ def test_remove_from_a_stack_of_two_takes_out_only_its_own(first):
 
 
 def test_remove_under_a_foreign_wrapper_keeps_the_foreign_one():
-    code = ("import json, wrapt, toyup.core, toy_patches\nfrom shim import patching\n"
-            "patching.activate([toy_patches.OK])\nE = toyup.core.Engine\n"
+    code = ("import json, wrapt, toyup.core, toy_patches\nfrom shim.engine import registry\n"
+            "from shim.engine.patcher import markers\n"
+            "registry.activate([toy_patches.OK])\nE = toyup.core.Engine\n"
             "wrapt.wrap_function_wrapper(E, 'generate', lambda w, i, a, k: 'user:' + w(*a, **k))\n"
-            "removed = patching.remove('toy-ok')\n"
-            "print(json.dumps({'removed': removed, 'out': E().generate('x'), 'markers': patching.markers(vars(E)['generate'])}))")
+            "removed = registry.remove('toy-ok')\n"
+            "print(json.dumps({'removed': removed, 'out': E().generate('x'), 'markers': markers(vars(E)['generate'])}))")
     out = last_json(run_python(code, path=PATH))
     assert out == {"removed": True, "out": "user:original:x", "markers": []}
 
 
 def test_hooked_loader_delegates_everything_runpy_and_resources_need():
-    code = ("import json, runpy, importlib.util, toy_patches\nfrom shim import patching\n"
-            "patching.activate([toy_patches.OK])\n"
+    code = ("import json, runpy, importlib.util, toy_patches\nfrom shim.engine import registry\n"
+            "registry.activate([toy_patches.OK])\n"
             "spec = importlib.util.find_spec('toyup.core')\n"
             "loader = spec.loader\n"
             "ns = runpy.run_module('toyup.core')\n"

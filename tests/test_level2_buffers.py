@@ -60,10 +60,11 @@ def test_npu_kv_cache_first_wake(model_dir):
 
 def test_stands_down_where_vllm_gates_the_restore(model_dir):
     body = BODY + """
-from shim import buffer_keep, patching
+from shim.vllm import buffers
+from shim.engine import registry
 from vllm.v1.worker.gpu_worker import Worker
-R["probe"] = buffer_keep.probe_restore(Worker)
-R["decision"] = patching.decisions()["vllm-level2-buffers"].text()
+R["probe"] = buffers.probe_restore(Worker)
+R["decision"] = registry.decisions()["vllm-level2-buffers"].text()
 """
     on, proc = run(model_dir, body, shim=True, version="0.27.0")
     assert on["kept"] is True  # vLLM 0.27.0 itself

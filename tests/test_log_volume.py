@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from shim import config, log, telemetry
+from shim.engine import config, log
+from shim.observe import events
 from tests.support.helpers import REPO, clean_env, run_python
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
@@ -98,20 +99,20 @@ def test_summary_every_n_and_problems_stay_info(model_dir):
 def test_summary_every_ten_minutes(monkeypatch):
     """A slow run (one sleep every 4 minutes) gets a summary line at least every 10 minutes."""
     now = [1000.0]
-    monkeypatch.setattr(telemetry.time, "time", lambda: now[0])
-    monkeypatch.setattr(telemetry, "_periodic", {"sleeps": 0, "t": None})
-    monkeypatch.setattr(telemetry, "_seen", {})
-    monkeypatch.setattr(telemetry, "_last", {})
-    monkeypatch.setattr(telemetry, "_summary", dict(telemetry._summary))
-    monkeypatch.setattr(telemetry, "_atexit", [True])
+    monkeypatch.setattr(events.time, "time", lambda: now[0])
+    monkeypatch.setattr(events, "_periodic", {"sleeps": 0, "t": None})
+    monkeypatch.setattr(events, "_seen", {})
+    monkeypatch.setattr(events, "_last", {})
+    monkeypatch.setattr(events, "_summary", dict(events._summary))
+    monkeypatch.setattr(events, "_atexit", [True])
     printed = []
-    monkeypatch.setattr(telemetry, "summary", lambda: printed.append(now[0]))
+    monkeypatch.setattr(events, "summary", lambda: printed.append(now[0]))
     monkeypatch.setattr(log, "event", lambda message, important: None)
     monkeypatch.setenv(config.SHIM_SUMMARY_EVERY, "50")
     monkeypatch.delenv(config.SHIM_TRACE, raising=False)
     for _ in range(8):
         now[0] += 240
-        telemetry.emit("sleep", "E#9", 0.1, level=1, tracked=10, freed=10, effective=True, asleep=["weights"])
+        events.emit("sleep", "E#9", 0.1, level=1, tracked=10, freed=10, effective=True, asleep=["weights"])
     # the first event at 1240 s; 12 minutes later (the first sleep past 10 minutes), then again
     assert printed == [1960.0, 2680.0]
 

@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 import textwrap
 
 import pytest
 
-from shim import config, metrics
+from shim.engine import config
+from shim.observe import trainer_metrics
 from tests.support.helpers import clean_env, last_json, run_python
 from tests.support.trl_support import run_trl
 
@@ -90,7 +90,7 @@ def test_no_shim_no_shim_keys():
 TRAINER = """
 import json, os, tempfile
 import shim.auto
-from shim import telemetry
+from shim.observe import events
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -109,11 +109,11 @@ class Watch(TrainerCallback):
 
 args = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to="none", use_cpu=True)
 trainer = Trainer(model=Tiny(), args=args, callbacks=[Watch()])
-telemetry.emit("init", "LLMEngine#1", 0.1, taken=2 << 30, tracked=2 << 30, asleep=[])
-telemetry.emit("sleep", "LLMEngine#1", 0.1, level=1, tracked=2 << 30, freed=2 << 30, effective=True, asleep=["weights"])
-telemetry.count("verified_rollouts", 3)
+events.emit("init", "LLMEngine#1", 0.1, taken=2 << 30, tracked=2 << 30, asleep=[])
+events.emit("sleep", "LLMEngine#1", 0.1, level=1, tracked=2 << 30, freed=2 << 30, effective=True, asleep=["weights"])
+events.count("verified_rollouts", 3)
 if os.environ.get("BREAK") == "1":
-    telemetry.totals = lambda: 1 / 0
+    events.totals = lambda: 1 / 0
 R = {}
 try:
     trainer.log({"loss": 1.0, "sampling/sampling_logp_difference/mean": 0.5})
@@ -169,35 +169,35 @@ class Trainer:
 @pytest.fixture
 def alarm(monkeypatch):
     fired = []
-    metrics.reset()
-    monkeypatch.setattr(metrics, "_alarm", lambda trainer, key, seen, threshold: fired.append((key, seen, threshold)))
+    trainer_metrics.reset()
+    monkeypatch.setattr(trainer_metrics, "_alarm", lambda trainer, key, seen, threshold: fired.append((key, seen, threshold)))
     monkeypatch.delenv(config.SHIM_STALE_ALARM, raising=False)
     yield fired
-    metrics.reset()
+    trainer_metrics.reset()
 
 
 def test_alarm_needs_two_consecutive_steps_and_fires_once(alarm):
     for step, value in enumerate([0.2, 0.01, 0.3, 0.04, 0.06, 0.07, 0.9, 0.8], 1):
-        metrics.observe(Trainer(), {LOGP: value}, step)
+        trainer_metrics.observe(Trainer(), {LOGP: value}, step)
     assert alarm == [(LOGP, [(5, 0.06), (6, 0.07)], 0.05)]
 
 
 def test_alarm_ignores_steps_without_the_metric_and_reads_ms_swift(alarm):
-    metrics.observe(Trainer(), {"rollout_correction/log_ppl_abs_diff": 0.4}, 1)
-    metrics.observe(Trainer(), {"loss": 0.1}, 2)  # e.g. the end-of-training summary
-    metrics.observe(Trainer(), {"rollout_correction/log_ppl_abs_diff": float("nan")}, 3)  # NaN: no reading
+    trainer_metrics.observe(Trainer(), {"rollout_correction/log_ppl_abs_diff": 0.4}, 1)
+    trainer_metrics.observe(Trainer(), {"loss": 0.1}, 2)  # e.g. the end-of-training summary
+    trainer_metrics.observe(Trainer(), {"rollout_correction/log_ppl_abs_diff": float("nan")}, 3)  # NaN: no reading
     assert alarm == []
-    metrics.observe(Trainer(), {"rollout_correction/log_ppl_abs_diff": 0.5}, 4)
+    trainer_metrics.observe(Trainer(), {"rollout_correction/log_ppl_abs_diff": 0.5}, 4)
     assert alarm == [("rollout_correction/log_ppl_abs_diff", [(1, 0.4), (4, 0.5)], 0.05)]
 
 
 def test_alarm_threshold_from_env(alarm, monkeypatch):
     monkeypatch.setenv(config.SHIM_STALE_ALARM, "0.5")
     for step in (1, 2, 3):
-        metrics.observe(Trainer(), {LOGP: 0.3}, step)
+        trainer_metrics.observe(Trainer(), {LOGP: 0.3}, step)
     assert alarm == []
-    metrics.observe(Trainer(), {LOGP: 0.6}, 4)
-    metrics.observe(Trainer(), {LOGP: 0.7}, 5)
+    trainer_metrics.observe(Trainer(), {LOGP: 0.6}, 4)
+    trainer_metrics.observe(Trainer(), {LOGP: 0.7}, 5)
     assert [a[2] for a in alarm] == [0.5]
 
 
@@ -209,14 +209,14 @@ def test_bad_threshold_names_variable(monkeypatch, value):
 
 
 def test_alarm_warns_on_the_main_process_only(monkeypatch):
-    from shim import log
+    from shim.engine import log
 
     lines = []
     monkeypatch.setattr(log, "warning", lambda m: lines.append(("WARNING", m)))
     monkeypatch.setattr(log, "debug", lambda m: lines.append(("DEBUG", m)))
     for main in (True, False):
-        metrics.reset()
+        trainer_metrics.reset()
         for step in (1, 2):
-            metrics.observe(Trainer(main), {LOGP: 0.5}, step)
-    metrics.reset()
+            trainer_metrics.observe(Trainer(main), {LOGP: 0.5}, step)
+    trainer_metrics.reset()
     assert [level for level, _ in lines] == ["WARNING", "DEBUG"]

@@ -1,7 +1,7 @@
 """``python -m shim report`` on real-life traces (crashed runs, several runs in one file), ``--plot``,
-the subcommands' ``--help`` and the launcher's ``--trace PATH`` check (``shim.cli.check_trace_path``).
+the subcommands' ``--help`` and the launcher's ``--trace PATH`` check (``shim.cli.common.check_trace_path``).
 
-Traces are written in the shim's own record format (``shim.telemetry``), as a run of N ranks
+Traces are written in the shim's own record format (``shim.observe.events``), as a run of N ranks
 writes them: one ``activate`` record per process, then its engine's init / sleep / wake events.
 """
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from shim import cli, telemetry
+from shim.cli import common
+from shim.observe import plot, tracefile
 from tests.support.helpers import REPO, clean_env
 
 GiB = 1 << 30
@@ -148,7 +150,7 @@ def test_plot_panels_pool_line_zero_axis_and_ineffective_marks(tmp_path):
     recs = (process_records(100, 0, 1000.0, cycles=3, ineffective=(1,)) + process_records(101, 1, 1000.1)
             + process_records(200, 0, 5000.0))
     path = write(tmp_path / "t.jsonl", recs)
-    fig = telemetry.figure(telemetry.read([str(path)]))
+    fig = plot.figure(tracefile.read([str(path)]))
     axes = fig.get_axes()
     assert len(axes) == 2  # one panel per run
     for ax in axes:
@@ -158,10 +160,10 @@ def test_plot_panels_pool_line_zero_axis_and_ineffective_marks(tmp_path):
     pool = next(line for line in axes[0].get_lines() if line.get_label() == "rank 0 sleep pool")
     assert pool.get_linestyle() == "--" and max(pool.get_ydata()) == 10.0
     bad = [line for line in axes[0].get_lines() if line.get_label() == "ineffective sleep"]
-    assert len(bad) == 1 and len(bad[0].get_xdata()) == 1 and bad[0].get_color() == telemetry.INEFFECTIVE_COLOUR
+    assert len(bad) == 1 and len(bad[0].get_xdata()) == 1 and bad[0].get_color() == plot.INEFFECTIVE_COLOUR
     ranks = [line.get_color() for line in axes[0].get_lines() if line.get_label().endswith("in use (pid 100)")
              or line.get_label().endswith("in use (pid 101)")]
-    assert len(set(ranks)) == 2 and telemetry.INEFFECTIVE_COLOUR not in ranks  # a colour per rank, red kept apart
+    assert len(set(ranks)) == 2 and plot.INEFFECTIVE_COLOUR not in ranks  # a colour per rank, red kept apart
     markers = {line.get_marker() for line in axes[0].get_lines() if line.get_linestyle() in ("None", "none", "")}
     assert {"v", "^", "X"} <= markers  # sleeps, wakes, ineffective sleeps
     assert not [line for line in axes[1].get_lines() if line.get_label() == "ineffective sleep"]
@@ -199,30 +201,32 @@ def test_subcommand_help(sub):
 
 def test_check_trace_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert cli.check_trace_path("") == ("", None)
-    path, error = cli.check_trace_path("t.jsonl")
+    assert common.check_trace_path("") == ("", None)
+    path, error = common.check_trace_path("t.jsonl")
     assert error is None and path == str(tmp_path / "t.jsonl") and os.path.isabs(path)
     assert not os.path.exists(path)  # the check leaves nothing behind
     (tmp_path / "old.jsonl").write_text("keep\n")
-    assert cli.check_trace_path("old.jsonl") == (str(tmp_path / "old.jsonl"), None)
+    assert common.check_trace_path("old.jsonl") == (str(tmp_path / "old.jsonl"), None)
     assert (tmp_path / "old.jsonl").read_text() == "keep\n"
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
-    assert cli.check_trace_path("../t.jsonl")[0] == str(tmp_path / "t.jsonl")
-    assert cli.check_trace_path("~/t.jsonl")[0] == os.path.join(os.path.expanduser("~"), "t.jsonl")
+    assert common.check_trace_path("../t.jsonl")[0] == str(tmp_path / "t.jsonl")
+    assert common.check_trace_path("~/t.jsonl")[0] == os.path.join(os.path.expanduser("~"), "t.jsonl")
     for bad, why in ((str(tmp_path), "is a directory"), (str(tmp_path / "no" / "t.jsonl"), "does not exist"),
                      (str(tmp_path / "old.jsonl" / "t.jsonl"), "does not exist"),
                      ("/proc/shim-trace.jsonl", "cannot write")):
-        path, error = cli.check_trace_path(bad)
+        path, error = common.check_trace_path(bad)
         assert path is None and error.startswith(f"--trace {bad}: ") and why in error and "\n" not in error
 
 
 def test_doctor_lists_the_metrics_feature_apart_from_bugs():
     proc = shim_cli("doctor")
-    assert "features:\n  trainer-metrics              on " in proc.stdout
+    features = proc.stdout.split("features and checks:\n")[1]
+    assert re.search(r"^  trainer-metrics +on ", features, re.M), proc.stdout
+    assert "trainer-metrics" not in proc.stdout.split("features and checks:")[0]  # not among the known bugs
     env_off = shim_cli_env("doctor", SHIM_DISABLED_PATCHES="trainer-metrics")
     assert env_off.returncode == proc.returncode  # a feature switched off is not a bug left unhandled
-    assert "trainer-metrics              off (disabled)" in env_off.stdout
+    assert re.search(r"^  trainer-metrics +off \(disabled\)", env_off.stdout, re.M), env_off.stdout
 
 
 def shim_cli_env(*args, **env):

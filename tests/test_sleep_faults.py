@@ -37,7 +37,7 @@ def model_dir(tmp_path_factory):
 
 
 FAULT_BODY = """
-from shim import sleep_state
+from shim.vllm import sleep_state
 from vllm.device_allocator.cumem import CuMemAllocator
 from vllm.v1.worker.gpu_worker import Worker
 VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")

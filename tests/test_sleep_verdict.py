@@ -1,4 +1,4 @@
-"""The sleep verdict (shim.sleep_verdict) on the vLLM stand-in: its threshold, and the cheap path.
+"""The sleep verdict (shim.vllm.sleep_verdict) on the vLLM stand-in: its threshold, and the cheap path.
 
 - Threshold: a pool that tracks real memory and gives back 40% of it at a sleep is judged
   ineffective (WARNING); 60% is not. The stand-in's device keeps the pages of a "held" pool
@@ -76,7 +76,7 @@ def test_ineffective_threshold_is_half_of_what_the_pool_tracks(model_dir, share)
 
 
 CHEAP_BODY = HELD + """
-from shim import memory
+from shim.vllm import memory
 reads = []
 _read = memory.Probe.mem_get_info
 def counted(self):
@@ -140,13 +140,14 @@ def test_cheap_path_still_catches_a_sleep_the_device_did_not_follow(model_dir, t
     # from there on every sleep is read on the device until one is effective again
     assert all(r["measured"] == "device" and r["effective"] is False for r in sleeps[caught:]), sleeps[caught:]
     warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
-    assert warnings and f"ineffective sleep LLMEngine#1 level=1: the device got back 0.00 GiB" in warnings[0]
+    assert warnings and "ineffective sleep LLMEngine#1 level=1: the device got back 0.00 GiB" in warnings[0]
 
 
 def test_device_check_every_bad_value_is_one_warning_and_the_default(monkeypatch):
     """Read inside a wrapper, where nothing may raise: a bad value is one WARNING naming the
     variable and the accepted values, then the default."""
-    from shim import config, sleep_verdict
+    from shim.engine import config
+    from shim.vllm import sleep_verdict
 
     monkeypatch.setattr(sleep_verdict, "_warned_config", [])
     warnings = []

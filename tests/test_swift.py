@@ -75,16 +75,18 @@ def test_level2_lora_adapter_pushed_3_11_1():
 
 PROBE_CHILD = r"""
 import json
-from shim import patching
-from shim.registry import patch_module
+from shim.engine import registry
+from shim.engine.patch import Patch
+from shim.engine.patcher import MARKER
+from shim.engine.catalog import patch_module
 p = getattr(patch_module("swift_level2_resync"), {record!r})
 # the range widened to include the release: only the probe can stand the patch down now
-wide = patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected={affected!r},
+wide = Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected={affected!r},
                       module=p.module, apply=p.apply, probe=p.probe)
-patching.activate([wide])
+registry.activate([wide])
 import swift.trainers.rlhf_trainer.rollout_mixin as m
-print(json.dumps({{"decision": patching.decisions()[p.id].text(),
-                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)[{method!r}], patching.MARKER, None)}}))
+print(json.dumps({{"decision": registry.decisions()[p.id].text(),
+                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)[{method!r}], MARKER, None)}}))
 """
 
 

@@ -8,7 +8,7 @@ the teacher through ms-swift's own ``_prepare_single_model``. It records, at eve
 ``PreTrainedModel.from_pretrained``, whether transformers sees ZeRO-3 and the
 ``device_map``, and every file opened under the teacher's directory (audit hook).
 
-The device is the seam of ``shim.deepspeed_teacher`` (``device_memory`` /
+The device is the seam of ``shim.deepspeed.teacher`` (``device_memory`` /
 ``world_size``): 8 ranks of 80 GB. Teachers: a tiny random Qwen2 (real weights), and
 235B-A22B-shaped configs (Qwen3-VL-235B-A22B, Qwen3-235B-A22B) written as a bare
 config.json, no weights at all.
@@ -50,7 +50,7 @@ _ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
 _ds_comm_torch.build_shm_op = lambda: None
 if spec["shim"]:
     import shim.auto  # noqa: F401
-    import shim.deepspeed_teacher as dt
+    import shim.deepspeed.teacher as dt
     dt.device_memory = lambda: (spec["free"], spec["free"])
     dt.world_size = lambda: spec["world"]
 import transformers.integrations.deepspeed as hf_ds
@@ -228,8 +228,8 @@ def test_preflight_235b_partitioned_checks_partitioned_size(version, models):
 
 
 def test_parameter_count_formula():
-    """Units of shim.deepspeed_teacher, in this interpreter (no torch import needed)."""
-    from shim import deepspeed_teacher as dt
+    """Units of shim.deepspeed.teacher, in this interpreter (no torch import needed)."""
+    from shim.deepspeed import teacher as dt
 
     assert round(dt.count_parameters(QWEN3_MOE_235B) / 1e9, 1) == 235.1  # published: 235B
     assert 235.5e9 < dt.count_parameters(QWEN3_VL_235B) < 236.5e9       # + vision tower
@@ -263,9 +263,9 @@ class SwiftRLHF:
 
 
 def test_probe_expected_shape_fixed_upstream_and_changed(tmp_path):
-    from shim import registry
+    from shim.engine import catalog
 
-    _probe = registry.patch_module("swift_gkd_teacher_zero3")._probe
+    _probe = catalog.patch_module("swift_gkd_teacher_zero3")._probe
 
     assert _probe(_module_from_source(tmp_path, "m_ok", _SHAPE % "pass")) is None
     fixed = _module_from_source(tmp_path, "m_fixed", _SHAPE % "ctx = HfTrainerDeepSpeedConfig(args.teacher_deepspeed)")
@@ -277,7 +277,7 @@ def test_probe_expected_shape_fixed_upstream_and_changed(tmp_path):
 
 
 def test_wont_fit_message_is_one_line_with_numbers(monkeypatch):
-    from shim import deepspeed_teacher as dt
+    from shim.deepspeed import teacher as dt
 
     monkeypatch.setattr(dt, "device_memory", lambda: (80 * GB, 80 * GB))
     monkeypatch.setattr(dt, "world_size", lambda: 8)

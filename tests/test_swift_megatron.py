@@ -52,12 +52,12 @@ targets = [importlib.import_module(name) for name in spec["modules"]]
 import vllm  # noqa: E402
 from vllm.platforms import current_platform
 
-from shim import patching
+from shim.engine import registry
 
 ROUTES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
 conf = lambda: {k: os.environ.get(k) for k in ROUTES}  # noqa: E731
 utils = importlib.import_module("swift.rlhf_trainers.utils")
-out = {"decisions": {k: d.text() for k, d in patching.decisions().items() if k.startswith("swift-exp")},
+out = {"decisions": {k: d.text() for k, d in registry.decisions().items() if k.startswith("swift-exp")},
        "helpers": [t.set_expandable_segments.__module__ for t in targets + [utils]]}
 if spec.get("cuda_available"):
     torch.cuda.is_available = lambda: True

@@ -117,7 +117,8 @@ class _Model:
 def test_a_failing_partition_move_never_stops_training(monkeypatch, strict, caplog):
     """The shim's moves come after ms-swift's own ``offload_model``: their exception is one WARNING,
     ms-swift's result comes back (``SHIM_STRICT=1``: it raises)."""
-    from shim import log, zero3_offload
+    from shim.engine import log
+    from shim.swift import zero3_offload
 
     monkeypatch.setenv("SHIM_STRICT", strict)
     monkeypatch.setattr(zero3_offload, "_owns_storage", lambda t: True)

@@ -24,7 +24,8 @@ from tests.support.trl_support import run_trl
 
 @pytest.fixture
 def verify(monkeypatch):
-    from shim import config, verify as v
+    from shim.engine import config
+    from shim.verify import weights as v
 
     monkeypatch.setenv(config.SHIM_VERIFY_WEIGHTS, "1")
     monkeypatch.delenv(config.SHIM_STRICT, raising=False)
@@ -134,7 +135,7 @@ def engine_model(full: dict, n_kv: int, rank: int, dtype=torch.float32):
 
 
 def differing(verify, engine, full: dict, mode: str) -> list:
-    from shim import config
+    from shim.engine import config
 
     params = {k: torch.nn.Parameter(v.clone()) for k, v in full.items()}
     desc = verify.describe(engine)
@@ -233,7 +234,7 @@ def pair():
 
 @pytest.fixture
 def warnings():
-    from shim import log
+    from shim.engine import log
 
     seen = []
 
@@ -296,14 +297,14 @@ def test_weights_asleep_at_generate_is_stale(verify, pair, warnings):
 
 @pytest.mark.parametrize("value,mode", [("1", "sample"), ("on", "sample"), ("exact", "exact"), ("0", ""), ("", "")])
 def test_config_values(monkeypatch, value, mode):
-    from shim import config
+    from shim.engine import config
 
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", value)
     assert config.verify_weights() == mode
 
 
 def test_config_bad_value(monkeypatch):
-    from shim import config
+    from shim.engine import config
 
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", "maybe")
     with pytest.raises(config.ConfigError, match="SHIM_VERIFY_WEIGHTS='maybe' is not valid"):

@@ -1,7 +1,7 @@
 import pytest
 
-from shim import config
-from shim.versions import in_range, installed
+from shim.engine import config
+from shim.engine.versions import in_range, installed
 
 
 @pytest.mark.parametrize("version,spec,expected", [

@@ -248,7 +248,8 @@ def test_reset_reissue_failure_never_stops_training(model_dir):
 def test_reset_recovered_branch():
     """The re-check logs a recovered engine (in-process unit: no stand-in case recovers at run time)."""
     code = textwrap.dedent("""
-        from shim import first_sleep_reset, sleep_state
+        from shim.vllm import first_sleep_reset
+        from shim.vllm import sleep_state
         s = sleep_state.SleepState(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1)
         first_sleep_reset.outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
         first_sleep_reset.outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
@@ -325,7 +326,7 @@ def test_trace_and_report(model_dir, tmp_path):
     for r in records:
         assert r["rank"] == 0 and r["engine"] == "LLMEngine#1" and r["pid"]
     # the first sleep and its wake are read on the device; the second sleep (same level, pool as at the
-    # last reading) is verified from the pool's bookkeeping (shim.sleep_verdict), without device figures
+    # last reading) is verified from the pool's bookkeeping (shim.vllm.sleep_verdict), without device figures
     assert [r.get("measured") for r in records] == [None, "device", "device", "pool"]
     assert all(r["free"] <= r["total"] for r in records[:3]) and records[3]["free"] is None
     assert records[3]["freed"] == records[3]["tracked"] == records[1]["tracked"]
@@ -375,14 +376,14 @@ def test_report_bad_input(tmp_path):
 
 
 def test_trace_lines_whole_with_many_writers(tmp_path):
-    from shim import telemetry
+    from shim.observe import events
 
     path = str(tmp_path / "t.jsonl")
     payload = "x" * 3000
 
     def writer(rank):
         for i in range(100):
-            telemetry.write_trace(path, {"rank": rank, "i": i, "pad": payload})
+            events.write_trace(path, {"rank": rank, "i": i, "pad": payload})
 
     threads = [threading.Thread(target=writer, args=(r,)) for r in range(8)]
     for t in threads:
@@ -399,7 +400,7 @@ def test_trace_lines_whole_with_many_writers(tmp_path):
 def test_alloc_guard_restores_exactly():
     code = textwrap.dedent("""
         import json, os
-        from shim import alloc_guard
+        from shim.vllm import alloc_guard
         class Mem:
             def __init__(self): self.calls = []
             def _set_allocator_settings(self, s): self.calls.append(s)
@@ -436,7 +437,7 @@ def test_alloc_guard_restores_exactly():
 
 
 def test_import_shim_auto_imports_no_torch_or_vllm():
-    proc = run_python("import json, sys, shim.auto, shim.registry; shim.registry.all_patches()\n"
+    proc = run_python("import json, sys, shim.auto, shim.engine.catalog; shim.engine.catalog.all_patches()\n"
                       "print(json.dumps([m for m in ('torch', 'vllm', 'trl', 'vllm_ascend') if m in sys.modules]))",
                       path=[FAKEVLLM])
     assert last_json(proc) == []

@@ -1,5 +1,5 @@
 """Patches on the toy upstream ``toyup.core`` (version 1.2.0), for the engine tests."""
-from shim.patching import Patch
+from shim.engine.patch import Patch
 
 
 def _generate(wrapped, instance, args, kwargs):
@@ -43,9 +43,9 @@ LOCK_SEEN = []
 
 def probe_records_lock(module):
     """Records whether the registry lock is held while a probe runs (it must not be)."""
-    from shim import patching
+    from shim.engine import registry
 
-    LOCK_SEEN.append(patching._registry.lock._is_owned())
+    LOCK_SEEN.append(registry._registry.lock._is_owned())
     return None
 
 

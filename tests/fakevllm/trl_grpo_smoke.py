@@ -4,18 +4,21 @@
 
 Prints the EVENTS (which weights each generate used vs the trainer weights at each step end) and
 the sampling/* metrics.  Not collected by pytest (name does not start with test_)."""
-import os, sys, json, socket
+import json
+import os
+import socket
+import sys
+
 os.environ.setdefault("RANK", "0"); os.environ.setdefault("LOCAL_RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1")
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 if "MASTER_PORT" not in os.environ:
     s = socket.socket(); s.bind(("127.0.0.1", 0)); os.environ["MASTER_PORT"] = str(s.getsockname()[1]); s.close()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import torch
 import tiny
-from datasets import Dataset
 import trl
-from trl import GRPOConfig, GRPOTrainer
 import vllm
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
 from vllm._fake import EVENTS, fingerprint
 
 model_dir = sys.argv[1]
@@ -34,6 +37,8 @@ cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=4, num_generations=
 trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds)
 fps_by_step = {}
 from transformers import TrainerCallback
+
+
 class CB(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kw):
         EVENTS.append({"event": "trainer_step_end", "step": state.global_step,

@@ -206,8 +206,8 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
     metrics = [{k: v for k, v in h.items() if (k in keep or k.startswith("sampling/")) and isinstance(v, (int, float))}
                for h in trainer.state.log_history if "step" in h and "train_runtime" not in h]
     verify = None
-    if "shim.verify" in sys.modules:  # SHIM_VERIFY_WEIGHTS: the shim's own verdicts and its time per check
-        counts = sys.modules["shim.verify"].counts()
+    if "shim.verify.weights" in sys.modules:  # SHIM_VERIFY_WEIGHTS: the shim's own verdicts and its time per check
+        counts = sys.modules["shim.verify.weights"].counts()
         times = counts.pop("times")
         verify = {**counts, "mode": os.environ.get("SHIM_VERIFY_WEIGHTS", ""), "checks": len(times),
                   "first_s": times[0] if times else None, "times_s": times[:200],
@@ -215,9 +215,9 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
                   "median_after_first_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else None}
     decisions = {}
     if "shim" in sys.modules:
-        from shim import patching
+        from shim.engine import registry
 
-        decisions = {k: d.text() for k, d in patching.decisions().items()}
+        decisions = {k: d.text() for k, d in registry.decisions().items()}
     gens = rec.generates
     trained = [g for g in gens if g["step"] > 0]
     steady = rec.step_times[1:] if len(rec.step_times) > 1 else rec.step_times

@@ -37,7 +37,6 @@ vLLM. It adds:
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
 import time
@@ -227,9 +226,9 @@ class Observer:
             decisions = {}
             if "shim" in sys.modules:
                 try:
-                    from shim import patching
+                    from shim.engine import registry
 
-                    decisions = {k: d.text() for k, d in patching.decisions().items()}
+                    decisions = {k: d.text() for k, d in registry.decisions().items()}
                 except Exception as exc:
                     decisions = {"error": repr(exc)}
             env = common.env_info()

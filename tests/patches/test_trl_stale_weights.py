@@ -12,15 +12,17 @@ from tests.support.trl_support import fake_site  # noqa: E402
 
 STANDS_DOWN = r'''
 import json, sys
-from shim import patching, registry
-entry = next(e for e in registry.entries() if e.id == "trl-stale-weights")
+from shim.engine import registry
+from shim.engine.patcher import markers
+from shim.engine import catalog
+entry = next(e for e in catalog.entries() if e.id == "trl-stale-weights")
 patch = entry.load()
 if GATE == "probe":  # the range alone would let 1.10.0 in: only the probe can stand down
     patch.affected = ">=0.28.0"
-patching.activate([entry])
+registry.activate([entry])
 from trl.generation import vllm_generation as m
-print(json.dumps({"decision": patching.decisions()[patch.id].text(),
-                  "markers": {n: patching.markers(getattr(m.VLLMGeneration, n)) for n in ("generate", "sync_weights")}}))
+print(json.dumps({"decision": registry.decisions()[patch.id].text(),
+                  "markers": {n: markers(getattr(m.VLLMGeneration, n)) for n in ("generate", "sync_weights")}}))
 '''
 
 

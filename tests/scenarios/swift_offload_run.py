@@ -70,20 +70,23 @@ def main():
     if a.shim:
         import shim.auto  # noqa: F401
     elif a.wide_probe:
-        from shim import patching
-        from shim.registry import patch_module
+        from shim.engine import registry
+        from shim.engine.catalog import patch_module
+        from shim.engine.patch import Patch
+        from shim.engine.patcher import MARKER
 
         p = patch_module("swift_zero3_offload").PATCH
-        patching.activate([patching.Patch(id=p.id, issue=p.issue, distribution=p.distribution,
+        registry.activate([Patch(id=p.id, issue=p.issue, distribution=p.distribution,
                                           affected=">=3.10.0,<3.13.0", module=p.module, apply=p.apply,
                                           probe=p.probe)])
-    import vllm
-    from tests.support import residency
-    from vllm._fake.device import DEVICE
-    import transformers.integrations.deepspeed as hf_ds
     import swift
-    from swift.trainers import GRPOConfig
+    import transformers.integrations.deepspeed as hf_ds
+    import vllm
     from swift.llm import get_model_tokenizer, get_template
+    from swift.trainers import GRPOConfig
+    from vllm._fake.device import DEVICE
+
+    from tests.support import residency
     grpo = importlib.import_module("swift.trainers.rlhf_trainer.grpo_trainer")
     try:
         mixin = importlib.import_module("swift.trainers.rlhf_trainer.rollout_mixin")
@@ -166,7 +169,7 @@ def main():
     device_total = DEVICE.total  # the GPU of the vLLM construction (the second phase enlarges it)
     train = trained_model_offload(t, model, params, partition_bytes, residency, DEVICE) if a.train_engine else None
 
-    from shim import patching
+
 
     owner = next(c for c in type(t).__mro__ if "offload_model" in vars(c))
     print(json.dumps({
@@ -176,10 +179,10 @@ def main():
         "free_before_build": seen.get("free_before_build"),
         **phase1,
         "engine_built": getattr(t, "engine", None) is not None,
-        "decisions": {k: d.text() for k, d in patching.decisions().items()},
+        "decisions": {k: d.text() for k, d in registry.decisions().items()},
         "train": train,
-        "offload_wrapped_by": getattr(vars(owner)["offload_model"], patching.MARKER, None),
-        "load_wrapped_by": getattr(vars(owner)["load_model"], patching.MARKER, None),
+        "offload_wrapped_by": getattr(vars(owner)["offload_model"], MARKER, None),
+        "load_wrapped_by": getattr(vars(owner)["load_model"], MARKER, None),
     }))
 
 

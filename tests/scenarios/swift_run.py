@@ -80,10 +80,10 @@ def main():
         os.environ.setdefault(k, v)
     if a.shim:
         import shim.auto  # noqa: F401
+    import swift
     import vllm
     from vllm._fake import EVENTS, fingerprint
     from vllm.platforms import current_platform
-    import swift
     legacy = False  # 3.2-3.9: the colocate rollout code lives in GRPOTrainer itself (no rollout mixin)
     try:
         from swift.trainers import GRPOConfig
@@ -299,12 +299,13 @@ def main():
         for _ in range(a.cycles):
             t._fast_infer(make_inputs())
 
-    from shim import patching, registry
+    from shim.engine import catalog, registry
+    from shim.engine.patcher import MARKER, markers
 
     probes = {}
     for patch_id in a.probe:  # the probe alone, whatever the version range decided
-        row = next(r for r in registry.index() if r[0] == patch_id)
-        record = next(p for p in registry.patch_module(row[1]).PATCHES if p.id == patch_id)
+        row = next(r for r in catalog.index() if r[0] == patch_id)
+        record = next(p for p in catalog.patch_module(row[1]).PATCHES if p.id == patch_id)
         probes[patch_id] = record.probe(importlib.import_module(record.module))
     owner = next(c for c in type(t).__mro__ if "_fast_infer" in vars(c))  # the release's own class
     tracked = runner.weights_alloc.nbytes if hasattr(runner.weights_alloc, "nbytes") else None
@@ -315,14 +316,14 @@ def main():
         "sleeps": sleeps, "weights_bytes": tracked,
         "alloc_env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
                                                       "PYTORCH_NPU_ALLOC_CONF")},
-        "decisions": {k: d.text() for k, d in patching.decisions().items()},
-        "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], patching.MARKER, None),
-        "fast_infer_markers": patching.markers(vars(owner)["_fast_infer"]),
+        "decisions": {k: d.text() for k, d in registry.decisions().items()},
+        "fast_infer_wrapped_by": getattr(vars(owner)["_fast_infer"], MARKER, None),
+        "fast_infer_markers": markers(vars(owner)["_fast_infer"]),
         "pushes": pushes[0],
-        "weight_pushes": (sys.modules["shim.telemetry"].totals().get("weight_pushes")
-                          if "shim.telemetry" in sys.modules else None),
-        "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
-                   if "shim.verify" in sys.modules else None),
+        "weight_pushes": (sys.modules["shim.observe.events"].totals().get("weight_pushes")
+                          if "shim.observe.events" in sys.modules else None),
+        "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
+                   if "shim.verify.weights" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
         "order": order,
         "probes": probes,

@@ -64,10 +64,9 @@ def main():
         import shim.auto  # noqa: F401
     import tiny
     import trl
+    import vllm
     from datasets import Dataset
     from transformers import AutoTokenizer
-
-    import vllm
     from vllm._fake import EVENTS, fingerprint
     from vllm.entrypoints.llm import LLM
 
@@ -163,7 +162,7 @@ def main():
             raise
         error = f"{type(exc).__name__}: {exc}"
 
-    from shim import patching
+    from shim.engine import registry
 
     metrics = [{k: v for k, v in h.items() if k.startswith(("sampling/", "shim/")) or k in ("step", "reward", "loss")}
                for h in trainer.state.log_history]
@@ -176,12 +175,12 @@ def main():
         "reloads": sum(1 for e in EVENTS if e["event"] == "reload_weights"),
         "lost_writes": sum(1 for e in EVENTS if e["event"] == "load_weights" and e.get("lost")),
         "guard_warnings": sum(1 for e in EVENTS if e["event"] == "executor_guard"),
-        "decisions": {k: d.text() for k, d in patching.decisions().items()},
+        "decisions": {k: d.text() for k, d in registry.decisions().items()},
         "metrics": metrics,
         "shim_warnings": warnings,
         "error": error,
-        "verify": ({k: v for k, v in sys.modules["shim.verify"].counts().items() if k != "times"}
-                   if "shim.verify" in sys.modules else None),
+        "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
+                   if "shim.verify.weights" in sys.modules else None),
         "shim_log": shim_log,
     }
     print(json.dumps(summary))

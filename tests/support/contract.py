@@ -37,46 +37,16 @@ from tests.support.helpers import REPO, clean_env
 CHILD = REPO / "tests" / "support" / "contract_child.py"
 CASES = ("before", "after", "out_of_range", "shape", "apply_raises")
 
-# patch id -> (kind, release): where its upstream module is importable at an affected release.
-TARGETS = {
-    "trl-stale-weights": ("trl", "1.9.2"),
-    "trl-grpo-level2-resync": ("trl", "0.27.2"),
-    "trl-rloo-level2-resync": ("trl", "0.27.2"),
-    "trl-online-dpo-resync": ("trl", "1.9.2"),
-    "trl-gold-weights-asleep": ("trl", "0.29.1"),
-    "swift-level2-resync": ("swift", "3.10.1"),
-    "swift-grpo-level2-resync": ("swift", "3.9.3"),
-    "swift-level2-lora-adapter": ("swift", "3.11.1"),
-    "swift-resample-wake-order": ("swift", "4.5.3"),
-    "swift-resample-wake-order-3x": ("swift", "3.10.1"),
-    "swift-grpo-resample-wake-order": ("swift", "3.9.3"),
-    "swift-expandable-segments": ("swift", "3.10.1"),
-    "swift-expandable-segments-4x": ("swift", "4.6.0"),
-    "swift-expandable-segments-megatron": ("swift-megatron", "4.6.0"),
-    "swift-expandable-segments-ray": ("swift-megatron", "4.6.0"),
-    "swift-gkd-teacher-zero3": ("swift", "3.10.1"),
-    "swift-gkd-teacher-zero3-4x": ("swift", "4.6.0"),
-    "swift-zero3-offload": ("swift", "3.10.1"),
-    "swift-grpo-zero3-offload": ("swift", "3.9.3"),
-    "vllm-sleep-guard": ("vllm", "0.24.0"),
-    "vllm-sleep-check": ("vllm", "0.24.0"),
-    "vllm-llm-sleep-check": ("vllm", "0.24.0"),
-    "trl-vlm-encoder-cache": ("trl", "1.16.0"),
-    "vllm-prefix-reset-check": ("vllm", "0.24.0"),
-    "vllm-level2-buffers": ("vllm", "0.24.0"),
-    "vllm-ascend-level2-buffers": ("vllm-npu", "0.24.0"),
-    "verify-weights-vllm": ("vllm", "0.24.0"),
-    "verify-weights-trl": ("trl", "1.9.2"),
-    "verify-weights-trl-grpo": ("trl", "0.27.2"),
-    "verify-weights-trl-rloo": ("trl", "0.27.2"),
-    "verify-weights-trl-online-dpo": ("trl", "1.9.2"),
-    "verify-weights-trl-gold": ("trl", "0.29.1"),
-    "verify-weights-swift": ("swift", "3.10.1"),
-    "verify-weights-swift-4x": ("swift", "4.6.0"),
-    "trainer-metrics": ("vllm", "0.24.0"),  # transformers.trainer from tests/requirements.txt (4.57.6)
-    "trainer-metrics-swift": ("swift", "3.10.1"),
-    "trainer-metrics-swift-4x": ("swift", "4.6.0"),
-}
+@functools.lru_cache(maxsize=None)
+def targets() -> dict:
+    """patch id -> ``(kind, release)``, the record's ``tested_at``: where its upstream module is importable at an
+    affected release (the test environments of tests/support/envs.py and swift_envs.py; ``vllm``: the stand-in
+    alone, ``vllm-npu``: its NPU mode, ``swift-megatron``: ms-swift with the mcore-bridge stand-in)."""
+    from shim.engine import catalog
+
+    return {patch.id: patch.tested_at for patch in catalog.all_patches()}
+
+
 # patch module -> switches its cases run with (the verify-only records stand down while their switch is off)
 MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}
 CASE_ENV = "CONTRACT_CASE_ENV"
@@ -116,7 +86,7 @@ def _environment(kind: str, release: str):
 @functools.lru_cache(maxsize=None)
 def group_results(kind: str, release: str) -> dict:
     """``{(patch id, case): result dict or traceback str}`` for every case of every patch whose
-    TARGETS entry is ``(kind, release)``: one interpreter pays the imports every case of that
+    record's ``tested_at`` is ``(kind, release)``: one interpreter pays the imports every case of that
     release shares (``contract_child.py`` forks per case), computed once per pytest run. The test
     workers of one run share it through a file under ``.envs/contract-runs/<run id>/``
     (pytest-xdist's run id, one per session), written under an exclusive lock by the first
@@ -138,10 +108,10 @@ def group_results(kind: str, release: str) -> dict:
 
 
 def _compute(kind: str, release: str) -> dict:
-    from shim import registry
+    from shim.engine import catalog
 
-    modules = {row[0]: row[1] for row in registry.index()}
-    pids = [pid for pid in modules if TARGETS.get(pid) == (kind, release)]
+    modules = {row[0]: row[1] for row in catalog.index()}
+    pids = [pid for pid in modules if targets().get(pid) == (kind, release)]
     python, env = _environment(kind, release)
     env[CASE_ENV] = json.dumps({pid: MODULE_ENV[modules[pid]] for pid in pids if modules[pid] in MODULE_ENV})
     results = {}
@@ -165,7 +135,7 @@ def _compute(kind: str, release: str) -> dict:
 
 
 def run_case(patch_id: str, case: str) -> dict:
-    out = group_results(*TARGETS[patch_id])[patch_id, case]
+    out = group_results(*targets()[patch_id])[patch_id, case]
     if isinstance(out, str):
         raise AssertionError(f"{patch_id} {case}:\n{out}")
     return out
@@ -199,9 +169,9 @@ _SCHEMA = re.compile(r"^(Upstream|Affects|Remove):", re.M)
 
 
 def check_schema(module_name: str) -> None:
-    from shim import registry
+    from shim.engine import catalog
 
-    module = registry.patch_module(module_name)
+    module = catalog.patch_module(module_name)
     doc = module.__doc__ or ""
     fields = {}
     for block in re.split(r"\n(?=(?:Upstream|Affects|Remove):)", doc):
@@ -210,7 +180,7 @@ def check_schema(module_name: str) -> None:
             fields[match.group(1)] = block.split("\n\n")[0]
     assert set(fields) == {"Upstream", "Affects", "Remove"}, f"{module_name}: docstring lacks {set(_SCHEMA.pattern) and ({'Upstream', 'Affects', 'Remove'} - set(fields))}"
     assert doc.splitlines()[0].strip(), f"{module_name}: no summary line"
-    rows = [row for row in registry.index() if row[1] == module_name]
+    rows = [row for row in catalog.index() if row[1] == module_name]
     patches = module.PATCHES
     assert isinstance(patches, list) and patches, f"{module_name}: PATCHES must be a non-empty list"
     assert [(p.id, p.module) for p in patches] == [(r[0], r[2]) for r in rows], \
@@ -225,9 +195,9 @@ def check_schema(module_name: str) -> None:
 
 def contract_tests(module_name: str):
     """``(test_contract, test_schema)`` for the patches of ``shim.patches.<module_name>``."""
-    from shim import registry
+    from shim.engine import catalog
 
-    ids = [row[0] for row in registry.index() if row[1] == module_name]
+    ids = [row[0] for row in catalog.index() if row[1] == module_name]
 
     @pytest.mark.xdist_group(f"contract-{module_name}")  # one worker runs a module's batch (--dist loadgroup)
     @pytest.mark.parametrize("case", CASES)

@@ -28,54 +28,55 @@ import sys
 def run_case(pid, case):
     import importlib
 
-    from shim import patching, registry, versions
+    from shim.engine import catalog, registry, versions
+    from shim.engine.patcher import MISSING, Patcher, markers
 
-    entry = next(e for e in registry.entries() if e.id == pid)
+    entry = next(e for e in catalog.entries() if e.id == pid)
     patch = entry.load()
     out = {"case": case}
 
     def owned(owner, name):
-        return vars(owner).get(name, patching.MISSING)
+        return vars(owner).get(name, MISSING)
 
     def describe(changes):
         return [{"owner": getattr(o, "__qualname__", getattr(o, "__name__", repr(o))), "name": n,
-                 "markers": patching.markers(getattr(o, n, None))} for o, n, _ in changes]
+                 "markers": markers(getattr(o, n, None))} for o, n, _ in changes]
 
     if case == "before":
-        patching.activate([entry])
+        registry.activate([entry])
         module = importlib.import_module(entry.module)
-        out["again"] = patching.activate([entry])
-        patching._on_import(entry, module)
-        out["decision"] = patching.decisions()[pid].decision
-        out["changes"] = describe(patching.changes(pid))
+        out["again"] = registry.activate([entry])
+        registry._on_import(entry, module)
+        out["decision"] = registry.decisions()[pid].decision
+        out["changes"] = describe(registry.changes(pid))
     elif case == "after":
         module = importlib.import_module(entry.module)
-        patching.activate([entry])
-        out["decision"] = patching.decisions()[pid].decision
-        changes = patching.changes(pid)
+        registry.activate([entry])
+        out["decision"] = registry.decisions()[pid].decision
+        changes = registry.changes(pid)
         out["changes"] = describe(changes)
-        other = patching.Patcher("contract-other")
+        other = Patcher("contract-other")
         for owner, name, _ in changes:
             if callable(getattr(owner, name)):
                 other.wrap(owner, name, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
-        out["removed"] = patching.remove(pid)
+        out["removed"] = registry.remove(pid)
         out["after_remove"] = describe(changes)
         out["other_reaches_original"] = all(owned(o, n).__wrapped__ is before for o, n, before in changes
-                                            if before is not patching.MISSING
-                                            and patching.markers(owned(o, n)) == ["contract-other"])
+                                            if before is not MISSING
+                                            and markers(owned(o, n)) == ["contract-other"])
         other.undo()
         out["exact"] = all(owned(o, n) is before for o, n, before in changes)
-        out["status"] = patching.decisions()[pid].text()
+        out["status"] = registry.decisions()[pid].text()
     elif case == "out_of_range":
         versions.installed = lambda distribution: "0.0.1"
-        patching.activate([entry])
+        registry.activate([entry])
         importlib.import_module(entry.module)
-        d = patching.decisions()[pid]
+        d = registry.decisions()[pid]
         out["decision"], out["reason"] = d.decision, d.reason
-        out["changes"] = describe(patching.changes(pid))
+        out["changes"] = describe(registry.changes(pid))
     elif case == "shape":
         module = importlib.import_module(entry.module)
-        probe = patching.Patcher(pid)
+        probe = Patcher(pid)
         patch.apply(module, probe)  # learn what it changes, then undo and take those names away
         changed = [(o, n) for o, n, _ in probe.changes]
         probe.undo()
@@ -84,10 +85,10 @@ def run_case(pid, case):
             if name in vars(owner):
                 delattr(owner, name)
                 out["deleted"].append(f"{getattr(owner, '__name__', owner)}.{name}")
-        patching.activate([entry])
-        d = patching.decisions()[pid]
+        registry.activate([entry])
+        d = registry.decisions()[pid]
         out["decision"], out["reason"] = d.decision, d.reason
-        out["changes"] = describe(patching.changes(pid))
+        out["changes"] = describe(registry.changes(pid))
     elif case == "apply_raises":
         seen = []
         original = patch.apply
@@ -98,13 +99,13 @@ def run_case(pid, case):
             raise RuntimeError("contract: apply fails after its changes")
 
         patch.apply = failing
-        patching.activate([entry])
+        registry.activate([entry])
         importlib.import_module(entry.module)
-        d = patching.decisions()[pid]
+        d = registry.decisions()[pid]
         out["decision"], out["reason"] = d.decision, d.reason
         out["made"] = len(seen)
         out["exact"] = all(owned(o, n) is before for o, n, before in seen)
-        out["markers_left"] = [m for o, n, _ in seen for m in patching.markers(getattr(o, n, None))]
+        out["markers_left"] = [m for o, n, _ in seen for m in markers(getattr(o, n, None))]
     return out
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-
 from vllm._fake.device import DEVICE
 
 _resident: dict[int, object] = {}  # id(storage) -> Allocation (a live storage keeps one Python object)

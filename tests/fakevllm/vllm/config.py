@@ -2,8 +2,6 @@
 only the fields the fake engine and TRL/ms-swift read."""
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 

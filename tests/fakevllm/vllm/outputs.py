@@ -2,7 +2,7 @@
 ms-swift read), PoolingRequestOutput (placeholder)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from vllm.logprobs import PromptLogprobs, SampleLogprobs

@@ -7,7 +7,7 @@ The fake stores the fields and validates like upstream's ``_verify_args``
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Optional
 

@@ -5,7 +5,6 @@ stays False so trainers keep running on CPU."""
 import sys
 
 import torch
-
 from vllm._fake import device as _device  # noqa: E402
 
 npu = _device.make_npu_namespace()

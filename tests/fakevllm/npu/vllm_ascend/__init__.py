@@ -3,7 +3,6 @@
 Version: FAKEVLLM_ASCEND_VERSION (default 0.13.0rc1).  NPUWorker has
 ``reload_weights`` only from 0.24.0rc1, like upstream.
 """
-import os
 
 from vllm import _fake
 

@@ -2,7 +2,7 @@
 accepts; unknown keywords raise TypeError like the dataclass does)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from vllm.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, VllmConfig

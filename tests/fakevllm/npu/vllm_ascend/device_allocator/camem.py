@@ -10,15 +10,10 @@ toggle expandable segments.
 the sleep stay cached on the device (vllm-ascend#9563)."""
 import gc
 import os
-from contextlib import contextmanager
-
-from packaging.version import Version
-
-from vllm import _fake
 
 import torch
-
-from vllm._fake.device import DEVICE
+from packaging.version import Version
+from vllm import _fake
 from vllm.device_allocator.cumem import CuMemAllocator
 
 

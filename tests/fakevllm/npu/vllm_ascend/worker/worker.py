@@ -15,7 +15,6 @@ import os
 
 import torch
 from packaging.version import Version
-
 from vllm import _fake
 from vllm._fake.device import DEVICE
 from vllm.v1.worker.gpu_worker import Worker

@@ -138,8 +138,9 @@ class UniProcExecutor(Executor):
         return Worker
 
     def _init_executor(self) -> None:
-        from vllm.v1.worker.worker_base import WorkerWrapperBase
         import os
+
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
         rank = int(os.environ.get("RANK", "0")) if self._external else 0
         local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self._external else 0
         worker = self._worker_cls()(vllm_config=self.vllm_config, local_rank=local_rank, rank=rank,

@@ -12,7 +12,6 @@ from contextlib import nullcontext
 import torch
 
 from vllm import _fake
-from vllm._fake.device import DEVICE
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import nn
 
 from vllm.lora.layers import LoRAMapping

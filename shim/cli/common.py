@@ -1,0 +1,93 @@
+"""What the subcommands of ``python -m shim`` share: their usage texts, ``-h``, one-line failures, tables,
+and the ``--trace PATH`` / ``SHIM_TRACE`` check the launcher runs before anything starts.
+
+Each subcommand prints its usage with ``-h`` / ``--help`` (exit 0); a bad argument is one line on
+stderr and exit 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = {
+    "status": """usage: python -m shim status [--json] [--import]
+
+One row per patch: id, upstream issue, distribution, installed version, affected
+range and the decision in this environment (applied, stand down: <why>,
+waiting: <module> not imported, disabled, failed: <why>).
+  --json     the rows as JSON (id, distribution, installed, affected, decision, reason)
+  --import   import each hooked upstream module first, so every row is decided""",
+    "doctor": """usage: python -m shim doctor
+
+Prints the Python and package versions, the allocator settings (PYTORCH_*_ALLOC_CONF;
+expandable segments marked) and, for each known upstream bug, whether this environment
+is affected and which patch handles it. Exit 1 when an affecting bug is left unhandled
+(its patch disabled), 0 otherwise.""",
+    "report": """usage: python -m shim report TRACE... [--plot OUT.png]
+
+Per-process table of SHIM_TRACE files (run, start, rank, pid, engines, sleep/wake
+cycles, sleeps, GiB freed per sleep, the smallest, ineffective sleeps, seconds asleep
+and awake, the shim's own ms per sleep/wake call). Processes are told apart by host,
+pid and start; concurrent or successive runs in one file are numbered apart. Lines
+cut by a crash or that are not trace records are skipped and counted (exit 0).
+  --plot OUT.png   device memory over time, one panel per run, one colour per rank
+                   (needs matplotlib; any format matplotlib writes: .png, .svg, .pdf)""",
+    "install": """usage: python -m shim install
+
+Writes vllm_sleep_shim.pth (and the PEP 829 vllm_sleep_shim.start) into this
+environment's site-packages: every interpreter of the environment activates the shim.""",
+    "uninstall": """usage: python -m shim uninstall
+
+Removes the files ``install`` wrote.""",
+}
+
+
+def help_asked(name: str, argv: list) -> bool:
+    if "-h" in argv or "--help" in argv:
+        print(USAGE[name])
+        return True
+    return False
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"shim: {message}", file=sys.stderr)
+    return code
+
+
+def check_trace_path(path: str, option: str = "--trace") -> tuple:
+    """``(absolute path, None)`` when ``path`` (``--trace`` / ``SHIM_TRACE``) can be appended to,
+    else ``(None, one line saying why)``; ``("", None)`` for an empty value (no trace).
+
+    ``option`` names where the path came from in the message (``--trace`` or ``SHIM_TRACE``).
+    Relative paths are made absolute here, against the launcher's working directory, before
+    any child changes directory. Appending is tried for real (a file this creates is removed
+    again), so permissions, read-only file systems and missing directories are all caught."""
+    if not path or not path.strip():
+        return "", None
+    what = f"{option} {path}" if option.startswith("-") else f"{option}={path}"
+    full = os.path.abspath(os.path.expanduser(path.strip()))
+    if os.path.isdir(full):
+        return None, f"{what}: is a directory; give a file path (e.g. {os.path.join(path, 'trace.jsonl')})"
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        return None, f"{what}: directory {parent} does not exist"
+    existed = os.path.exists(full)
+    try:
+        fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        return None, f"{what}: cannot write: {exc.strerror or exc}"
+    os.close(fd)
+    if not existed:
+        try:
+            os.remove(full)
+        except OSError:
+            pass
+    return full, None
+
+
+def table(rows: list, columns: list) -> str:
+    widths = [max([len(str(c))] + [len(str(r.get(c) or "-")) for r in rows]) for c in columns]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    for r in rows:
+        lines.append("  ".join(str(r.get(c) or "-").ljust(w) for c, w in zip(columns, widths)).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""``python -m shim doctor``: versions, allocator settings and the known bugs of this environment, one screen.
+
+One row per upstream bug (records of one issue are one row), only for distributions installed here;
+the bugs of packages not installed are one line. Features and checks (``Patch.kind``) are listed in
+their own section and never make the exit status. Exit 1 only for a bug that affects an installed
+release and is not fixed in every process (its patch disabled, the shim off, or the shim not always
+on here), 0 otherwise.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from shim.cli.common import fail, help_asked
+from shim.cli.install import PTH_NAME, always_on, site_packages
+from shim.engine import catalog, config
+from shim.engine.patch import FIX
+from shim.engine.versions import in_range, installed
+from shim.vllm import alloc_guard
+
+DISTRIBUTIONS = ("torch", "vllm", "vllm-ascend", "trl", "ms-swift", "deepspeed", "wrapt")
+
+
+def _device() -> str:
+    """The accelerator torch sees here (the same detection the memory probes use)."""
+    if installed("torch") is None:
+        return "none"
+    try:
+        import torch  # noqa: F401  (imported for the probe, which reads sys.modules)
+    except Exception as exc:
+        return f"unusable ({type(exc).__name__})"
+    from shim.vllm import memory
+
+    return memory.device_type() or "none"
+
+
+def _bugs(patches: list) -> list:
+    """``(issue, [records])`` per upstream bug, in registry order."""
+    by_issue: dict = {}
+    for patch in patches:
+        by_issue.setdefault(patch.issue, []).append(patch)
+    return list(by_issue.items())
+
+
+def _foreign_shim() -> "str | None":
+    """Where ``import shim`` goes for a script started in the working directory, when that is not
+    this package (a ``shim.py`` or ``shim/`` beside the user's training script shadows it)."""
+    import importlib.machinery
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.machinery.PathFinder.find_spec("shim", [os.getcwd()] + sys.path[1:])
+    if spec is None or spec.origin is None:
+        return None
+    origin = os.path.realpath(spec.origin)
+    if os.path.dirname(origin) == os.path.realpath(here):
+        return None
+    return origin
+
+
+def doctor(argv: list) -> int:
+    if help_asked("doctor", argv):
+        return 0
+    if argv:
+        return fail(f"doctor: unknown argument {argv[0]!r}")
+    try:
+        off_all = config.disabled()
+        off, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
+    except config.ConfigError as exc:
+        return fail(str(exc))
+    versions = {dist: installed(dist) for dist in DISTRIBUTIONS}
+    print(f"python {sys.version.split()[0]}; " + "; ".join(
+        f"{d} {v}" + (f" (device: {_device()})" if d == "torch" else "") for d, v in versions.items() if v))
+    missing = [d for d, v in versions.items() if not v]
+    if missing:
+        print(f"not installed: {', '.join(missing)}")
+    routes = [f"{var}={os.environ[var]}" + ("  <- expandable segments ON" if alloc_guard.conf_expandable(os.environ[var])
+                                               else "") for var in alloc_guard.ENV_VARS if var in os.environ]
+    print(f"allocator: {'; '.join(routes) if routes else 'no PYTORCH_*_ALLOC_CONF set'}")
+    if unknown:
+        print(f"note: {config.SHIM_DISABLED_PATCHES} names unknown id(s) {', '.join(unknown)} (ignored)")
+    foreign = _foreign_shim()
+    if foreign:
+        print(f"WARNING: in {os.getcwd()} `import shim` resolves to {foreign}, not this package; "
+              f"launch with `vllm-sleep-shim ...` and rename that file")
+    everywhere = always_on()
+    print(f"activation: {everywhere or 'not always on here (no ' + PTH_NAME + '.pth in ' + site_packages() + ')'}"
+          + (f"; {config.SHIM_DISABLED}=1: the shim is off" if off_all else ""))
+    patches = catalog.all_patches()
+    fixes = [p for p in patches if p.kind == FIX]
+    here = [p for p in fixes if installed(p.distribution)]
+    print("known bugs:")
+    unfixed = []
+    for issue, records in _bugs(here):
+        hit = [p for p in records if in_range(installed(p.distribution), p.affected)]
+        dist = (hit or records)[0].distribution
+        if not hit:
+            fixed = [p.fixed_in for p in records if p.fixed_in]
+            print(f"  {issue:<36} not affected ({dist} {installed(dist)}"
+                  + (f"; fixed in {fixed[0]})" if fixed else ")"))
+            continue
+        ids = ", ".join(p.id for p in hit)
+        disabled = [p.id for p in hit if off_all or p.id in off]
+        if disabled:
+            why = config.SHIM_DISABLED if off_all else f"patch {', '.join(disabled)} disabled"
+            print(f"  {issue:<36} AFFECTED ({dist} {installed(dist)}); {why}")
+            unfixed.append(issue)
+        elif everywhere:
+            print(f"  {issue:<36} affected ({dist} {installed(dist)}); fixed by {ids}")
+        else:
+            print(f"  {issue:<36} AFFECTED ({dist} {installed(dist)}); fixed by {ids} only where the shim runs")
+            unfixed.append(issue)
+    absent = {p.issue for p in fixes if not installed(p.distribution)}
+    if absent:
+        dists = sorted({p.distribution for p in fixes if not installed(p.distribution)})
+        print(f"  {len(absent)} known bugs of packages not installed here ({', '.join(dists)})")
+    extras = [p for p in patches if p.kind != FIX and installed(p.distribution)]
+    if extras:
+        print("features and checks:")
+    for patch in extras:
+        state = "off (disabled)" if off_all or patch.id in off else (
+            "on (always on)" if everywhere else "on where the shim runs")
+        print(f"  {patch.id:<36} {state}: {patch.summary}")
+    if unfixed:
+        print(f"doctor: {len(unfixed)} known bug(s) affect this environment and are not fixed in every process: "
+              f"{', '.join(unfixed)}")
+        if not everywhere and not off_all:
+            print("doctor: start training through the shim (`vllm-sleep-shim CMD`), or make it always on with "
+                  "`python -m shim install`")
+        return 1
+    print("doctor: nothing known-bad left unhandled")
+    return 0

@@ -1,0 +1,74 @@
+"""The launcher: ``python -m shim [OPTIONS] [--] COMMAND [ARGS...]`` execs COMMAND with the bootstrap
+directory (``shim/_bootstrap``, a ``sitecustomize`` that chains the user's) first on PYTHONPATH, so
+COMMAND and every Python process it starts (torchrun ranks, spawned workers) turn the shim on."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from shim.cli.common import check_trace_path
+from shim.engine import catalog, config
+
+_RUN_OPTIONS = {"--trace": "SHIM_TRACE", "--disable": "SHIM_DISABLED_PATCHES"}
+_RUN_FLAGS = {"--strict": "SHIM_STRICT", "--debug": "SHIM_DEBUG", "--verify-weights": "SHIM_VERIFY_WEIGHTS"}
+
+
+def bootstrap_dir() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bootstrap")
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"shim: {message}", file=sys.stderr)
+    return code
+
+
+def run(argv: list, usage: str) -> int:
+    """Exec COMMAND with the bootstrap directory first on PYTHONPATH."""
+    env = dict(os.environ)
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in _RUN_FLAGS:
+            env[_RUN_FLAGS[arg]] = "1"
+            i += 1
+        elif arg in _RUN_OPTIONS:
+            if i + 1 >= len(argv):
+                return fail(f"{arg} needs a value")
+            env[_RUN_OPTIONS[arg]] = argv[i + 1]
+            i += 2
+        else:
+            return fail(f"unknown option {arg!r}\n{usage}")
+    command = argv[i:]
+    if not command:
+        print(usage, file=sys.stderr)
+        return 2
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:  # validate with the child's environment before anything starts
+        config.validate()
+        _, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
+    except config.ConfigError as exc:
+        return fail(str(exc))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if unknown:
+        print(f"shim: warning: {config.SHIM_DISABLED_PATCHES}: unknown patch id(s) {', '.join(unknown)} ignored; "
+              f"valid ids: {', '.join(catalog.ids())}", file=sys.stderr)
+    trace, error = check_trace_path(env.get(config.SHIM_TRACE, ""))
+    if error:
+        return fail(error)
+    if trace:
+        env[config.SHIM_TRACE] = trace  # absolute: children may change directory
+    executable = shutil.which(command[0], path=env.get("PATH"))
+    if executable is None:
+        return fail(f"command not found: {command[0]}", 127)
+    paths = [bootstrap_dir()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.execve(executable, command, env)
+    return 0  # not reached

@@ -1,0 +1,146 @@
+"""After a weight push: drop what the old weights computed, and make sure the prefix reset held.
+
+Two upstream gaps, one moment (right after the trainer wrote new weights into a colocated engine):
+
+- Encoder and multi-modal caches (huggingface/trl#7198). vLLM's encoder cache
+  (``vllm/v1/core/encoder_cache_manager.py`` + ``GPUModelRunner.encoder_cache``) shares an
+  image's encoder output between requests by content hash and keeps it after the request
+  ends; a weight update does not invalidate it. TRL's ``VLLMGeneration.sync_weights`` resets
+  only the prefix cache, so a reused image gets the embedding of the OLD vision tower.
+  :func:`reset_encoder_caches` calls ``LLMEngine.reset_encoder_cache`` (vLLM 0.16+; ``LLM``
+  has no such method up to 0.31) and ``reset_mm_cache`` (``LLM`` 0.12+, ``LLMEngine``). vLLM
+  0.17+ also resets both inside every sleep of level >= 1 (``EngineCore._reset_caches``), so
+  with sleep mode on the gap is the push without a sleep before it (sleep mode off, or a push
+  between sleeps); vLLM < 0.16 has no public reset: one WARNING says so.
+- Prefix-cache reset that fails silently (vllm#28827). ``reset_prefix_cache()`` returns False
+  while requests hold KV blocks (``BlockPool.reset_prefix_cache``: "some blocks are not freed
+  yet") and TRL / ms-swift ignore it, so prompts after the update reuse KV computed with the old
+  weights. :func:`check_prefix_reset` looks at every result: on False it retries once the KV
+  cache is idle -- at once when the engine has no unfinished request, else by preempting the
+  running requests (``reset_running_requests=True``, vLLM 0.12+, what vLLM's own sleep does:
+  their KV is recomputed with the new weights); still False: one WARNING per engine
+  (``SHIM_STRICT=1`` raises). vLLM < 0.12's ``LLMEngine.reset_prefix_cache`` returns None (the
+  result is dropped inside vLLM): nothing to check there.
+"""
+from __future__ import annotations
+
+import weakref
+
+from shim.engine import config, log
+from shim.vllm import sleep_state
+
+ENCODER_PATCH = "trl-vlm-encoder-cache"
+PREFIX_PATCH = "vllm-prefix-reset-check"
+
+_warned: "weakref.WeakSet" = weakref.WeakSet()
+_warned_ids: set = set()
+
+
+def _once(engine) -> bool:
+    """True the first time for ``engine`` (one WARNING per engine)."""
+    try:
+        if engine in _warned:
+            return False
+        _warned.add(engine)
+    except TypeError:
+        if id(engine) in _warned_ids:
+            return False
+        _warned_ids.add(id(engine))
+    return True
+
+
+def patch_active(patch_id: str) -> bool:
+    """Whether ``patch_id`` is applied or still waiting for its module (not disabled, removed, failed)."""
+    from shim.engine import registry
+    from shim.engine.patch import APPLIED, WAITING
+
+    decision = registry.decisions().get(patch_id)
+    return decision is not None and decision.decision in (APPLIED, WAITING)
+
+
+def reset_encoder_caches(llm) -> list:
+    """Reset the encoder and multi-modal caches of ``llm`` (a ``vllm.LLM`` or its engine) where
+    the engine has them; returns the names of the caches reset. Never raises."""
+    engine = sleep_state.engine_of(getattr(llm, "__wrapped__", llm))
+    done = []
+    reset_encoder = getattr(engine, "reset_encoder_cache", None)
+    if callable(reset_encoder):
+        try:
+            reset_encoder()
+            done.append("encoder")
+        except Exception as exc:  # a cache reset must never stop training
+            log.warning(f"reset_encoder_cache after a weight push failed ({type(exc).__name__}: {exc})")
+    elif _once(engine):
+        log.warning("this vLLM has no reset_encoder_cache (added in 0.16.0): an image reused after a weight "
+                    "update may get the encoder output of the old weights (huggingface/trl#7198); "
+                    "upgrade vLLM to >=0.16 for vision-language training")
+    outer = getattr(llm, "__wrapped__", llm)
+    reset_mm = getattr(outer, "reset_mm_cache", None) or getattr(engine, "reset_mm_cache", None)
+    if callable(reset_mm):
+        try:
+            reset_mm()
+            done.append("mm")
+        except Exception as exc:
+            log.warning(f"reset_mm_cache after a weight push failed ({type(exc).__name__}: {exc})")
+    if done:
+        log.debug(f"after a weight push: reset the {' and '.join(done)} cache(s)")
+    return done
+
+
+def after_push(llm) -> None:
+    """The shim's own push path (``shim.trl.colocate``): the encoder reset, unless its patch is off."""
+    if patch_active(ENCODER_PATCH):
+        reset_encoder_caches(llm)
+
+
+def _accepts(wrapped, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(wrapped).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_prefix_reset(wrapped, instance, args, kwargs):
+    """Wrapper of ``LLMEngine.reset_prefix_cache``: a False result is retried once, then reported."""
+    result = wrapped(*args, **kwargs)
+    if result is not False:
+        return result
+    engine = instance
+    busy = getattr(engine, "has_unfinished_requests", None)
+    try:
+        idle = not busy() if callable(busy) else True
+    except Exception:
+        idle = True
+    how = "retried with the engine idle"
+    try:
+        if idle or not _accepts(wrapped, "reset_running_requests"):
+            retry = wrapped(*args, **kwargs)
+        else:
+            how = "retried with the running requests preempted (reset_running_requests=True)"
+            retry = wrapped(reset_running_requests=True)
+    except Exception as exc:  # vLLM raises when even preempting cannot free the blocks
+        retry = False
+        how += f" and raised {type(exc).__name__}: {exc}"
+    if retry is not False:
+        log.info(f"reset_prefix_cache() returned False (KV blocks in use); {how}: reset")
+        return retry
+    message = (f"reset_prefix_cache() returned False after a weight update ({how}: still False): "
+               f"prompts sharing a prefix with earlier ones reuse KV computed with the old weights "
+               f"(vllm#28827). Make sure no request is in flight when the trainer pushes weights")
+    if config.strict():
+        raise RuntimeError(f"[shim] {message} ({config.SHIM_STRICT}=1)")
+    if _once(engine):
+        log.warning(message)
+    return retry
+
+
+
+def after_sync_weights(wrapped, instance, args, kwargs):
+    """Wrapper of TRL's ``VLLMGeneration.sync_weights``: colocate engine caches reset after the push."""
+    result = wrapped(*args, **kwargs)
+    llm = getattr(instance, "llm", None)
+    if getattr(instance, "mode", None) == "colocate" and llm is not None:
+        reset_encoder_caches(llm)
+    return result

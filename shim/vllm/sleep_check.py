@@ -1,0 +1,338 @@
+"""The sleep check on vLLM engines: every sleep verified, per-tag wake, telemetry
+(patches ``vllm-sleep-check`` on ``LLMEngine`` and ``vllm-llm-sleep-check`` on ``vllm.LLM``).
+
+No double counting: ``LLM.sleep`` delegates to ``LLMEngine.sleep`` (likewise
+``wake_up``), state is keyed by the engine (``shim.vllm.sleep_state.engine_of``) and
+only the OUTERMOST wrapper of a call on one engine acts: it puts a
+``sleep_state.Call`` on the engine's ``SleepState`` for the duration of the
+call, and an inner wrapper that finds one of its thread passes straight
+through. Construction is the other way round: ``LLM.__init__`` builds its
+engine inside, so the engine's own check (``check_init``) records it and the
+``LLM`` one (``check_llm_init``) acts only where that did not run (the
+engine's ``SleepState.built``).
+
+Sleep verification (every sleep at level >= 1 of an in-process engine): the
+bytes the sleep pool tracks (``shim.vllm.sleep_pool``) against the bytes the sleep
+gave back, read on the device (``mem_get_info`` before and after,
+``shim.vllm.memory``) or taken from the pool's bookkeeping: which one, and why that
+is safe, is ``shim.vllm.sleep_verdict``'s rule (first sleep per level, after an
+ineffective one, when the bookkeeping looks wrong, and every
+``SHIM_DEVICE_CHECK_EVERY``-th sleep read the device; each record's
+``measured`` says which). Ineffective (``sleep_verdict.judge``): one WARNING
+with the numbers, the likely cause and the fix; the first-sleep reset follows
+(``shim.vllm.first_sleep_reset``).
+
+Each sleep/wake record carries ``shim_s``, the seconds the shim spent around
+vLLM's call from the outermost wrapper's entry, the allocator guard's suspend
+and resume included (the telemetry line itself excluded); ``seconds`` is
+vLLM's call alone.
+
+Sleep while partially awake (e.g. ``wake_up(["weights"])`` then ``sleep()``):
+vLLM's executor ignores it ("Executor is already sleeping") and the woken tag
+stays mapped; the check wakes the remaining tags first, so the sleep frees
+everything.
+
+Faults: whatever vLLM's call raises (an OOM in ``wake_up``, an error or an
+interrupt in ``sleep`` or the construction) reaches the caller unchanged; the
+engine's ``SleepState`` is re-read from the executor (``sleep_state.resync``),
+the ``Call`` is cleared, and the allocator guard's ``finally`` has put the
+user's setting back, so the next sleep and wake work as usual.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from contextlib import contextmanager
+
+from shim.engine import call_args, config, log
+from shim.observe import events
+from shim.vllm import alloc_guard, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict, wake_plan
+
+_ids = itertools.count(1)
+
+
+class Measured:
+    """One sleep's figures: ``tracked`` (pool bytes before), ``freed`` (None: not verified),
+    ``free`` / ``total`` (device after; None unless read), ``how`` ("device" | "pool")."""
+
+    __slots__ = ("tracked", "freed", "free", "total", "how")
+
+    def __init__(self, tracked, freed, free, total, how):
+        self.tracked, self.freed, self.free, self.total, self.how = tracked, freed, free, total, how
+
+
+def _name(engine, state) -> str:
+    if not state.engine:
+        state.engine = f"{type(engine).__name__}#{next(_ids)}"
+    return state.engine
+
+
+def _inner(state) -> bool:
+    """An outer shim wrapper's call on this engine is running in this thread."""
+    call = state.call
+    return call is not None and call.mine()
+
+
+@contextmanager
+def _calling(state):
+    previous, state.call = state.call, sleep_state.Call()
+    try:
+        yield state.call
+    finally:
+        state.call = previous
+
+
+_RELEASES: list = []
+
+
+def _vllm_releases_before_wake() -> bool:
+    """vLLM >= 0.30 runs gc + empty_cache before waking itself: no second collection."""
+    if not _RELEASES:
+        from shim.engine.versions import in_range, installed
+
+        version = installed("vllm")
+        _RELEASES.append(bool(version) and in_range(version, ">=0.30.0"))
+    return _RELEASES[0]
+
+
+def _executor_asleep(engine) -> "bool | None":
+    """Every tag asleep per vLLM's executor (``sleeping_tags``); None where it does not say."""
+    executor = wake_plan.executor_of(engine)
+    tags = getattr(executor, "sleeping_tags", None)
+    if not isinstance(tags, (set, frozenset, list, tuple)):
+        return None
+    return bool(getattr(executor, "is_sleeping", bool(tags))) and set(tags) >= set(wake_plan.TAGS)
+
+
+# ---------------------------------------------------------------------------
+# construction
+# ---------------------------------------------------------------------------
+def check_init(wrapped, instance, args, kwargs):
+    """``LLMEngine.__init__``: what the construction took, what the pool tracks, the routes."""
+    return _init(wrapped, instance, args, kwargs, full_gc=True)
+
+
+def check_llm_init(wrapped, instance, args, kwargs):
+    """``LLM.__init__``: the same, only where the engine's own ``check_init`` did not run
+    (``vllm-sleep-check`` off). Its reading before the call collects only the young
+    generations (a full collection costs 0.1-0.5 s, and the engine's check does one)."""
+    return _init(wrapped, instance, args, kwargs, full_gc=False)
+
+
+def _init(wrapped, instance, args, kwargs, full_gc):
+    probe = memory.probe()
+    want = call_args.requested_sleep_mode(wrapped, args, kwargs)
+    routes = alloc_guard.routes_on(probe)
+    free0 = memory.read_settled(probe, full_gc=full_gc)[0] if probe is not None else None
+    t0 = time.perf_counter()
+    result = wrapped(*args, **kwargs)  # an exception reaches the caller as it is: nothing to undo
+    seconds = time.perf_counter() - t0
+    engine = sleep_state.engine_of(instance)
+    state = sleep_state.state_for(engine)
+    if state.built:  # the engine's own check recorded it (LLM.__init__ builds an LLMEngine inside)
+        return result
+    state.built = True
+    name = _name(engine, state)
+    mode = wake_plan.engine_sleep_mode(engine)
+    state.sleep_mode = want if mode is None else mode
+    state.init_routes = routes or list(state.guard_saw)  # guard_saw: this check ran inside the guard
+    if probe is None:
+        return result
+    free1, total = memory.read_settled(probe)
+    state.engine_bytes = max(free0 - free1, 0)
+    tracked = sleep_pool.tracked_bytes(probe)
+    state.tracked_bytes = tracked
+    note = []
+    if not state.sleep_mode:
+        note.append("built without enable_sleep_mode: sleep cannot free it")
+    if state.init_routes:
+        note.append(f"expandable segments on via {', '.join(state.init_routes)}"
+                    + ("; off during construction (shim guard)" if state.guarded_init else "; NOT guarded"))
+    events.emit("init", name, seconds, taken=state.engine_bytes, tracked=tracked, asleep=[],
+                   free=free1, total=total, note="; ".join(note))
+    return result
+
+
+# ---------------------------------------------------------------------------
+# sleep
+# ---------------------------------------------------------------------------
+def check_sleep(wrapped, instance, args, kwargs):
+    entered = time.perf_counter()
+    engine = sleep_state.engine_of(instance)
+    state = sleep_state.state_for(engine)
+    if _inner(state):
+        return wrapped(*args, **kwargs)
+    level = call_args.arg(wrapped, args, kwargs, "level", 1)
+    level = level if isinstance(level, int) else None
+    probe = memory.probe()
+    if probe is None or wake_plan.executor_of(engine) is None or level is None or level < 1:
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException:
+            sleep_state.resync(engine, level)
+            raise
+        sleep_state.note_sleep(engine, 1 if level is None else level)
+        return result
+    with _calling(state):
+        return _sleep(engine, state, wrapped, args, kwargs, level, probe, entered)
+
+
+def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
+    name = _name(engine, state)
+    if state.sleep_mode is None:
+        state.sleep_mode = wake_plan.engine_sleep_mode(engine)
+    asleep = wake_plan.asleep_tags(engine)
+    note = ""
+    if asleep and asleep >= set(wake_plan.TAGS):
+        t0 = time.perf_counter()
+        result = wrapped(*args, **kwargs)  # vLLM: no-op with a warning
+        free, total = probe.mem_get_info()
+        events.emit("sleep", name, time.perf_counter() - t0, level=level, tracked=sleep_pool.tracked_bytes(probe),
+                       freed=0, effective=None, asleep=sorted(asleep), free=free, total=total, measured="device",
+                       note="already asleep: vLLM ignores this sleep")
+        return result
+    if asleep:
+        # vLLM's executor ignores a sleep while any tag is asleep; the awake tag would stay mapped.
+        engine.wake_up(sorted(asleep))  # through the allocator guard's wrapper when it is on
+        sleep_state.note_wake(engine, asleep)
+        note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
+    tracked = sleep_pool.tracked_bytes(probe)
+    read = sleep_verdict.reading_due(state, level, tracked, sleep_verdict.check_every()) is not None
+    if read:  # a device reading: the verdict on exact figures
+        tracked = sleep_pool.tracked_bytes(probe, exact=True)
+    result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
+    first = state.sleeps == 0
+    state.sleeps += 1
+    if m.freed is None:  # the executor did not report every tag asleep: nothing to judge from the pool
+        effective, cause, fix = None, "", ""
+        state.read_next = True
+        note = "; ".join(x for x in (note, "not verified: vLLM does not report every tag asleep after this sleep; "
+                                           "the next sleep reads the device") if x)
+    else:
+        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed)
+        state.read_next = not effective
+    shim_s = (t0 - entered) + (time.perf_counter() - t1)
+    events.emit("sleep", name, t1 - t0, level=level, tracked=m.tracked, freed=m.freed, effective=effective,
+                   asleep=sorted(state.asleep), free=m.free, total=m.total, measured=m.how, note=note, shim_s=shim_s)
+    if effective is None:
+        return result
+    resolving = state.reset == "pending" and bool(state.wakes) and not first
+    if not effective:
+        state.ineffective += 1
+    if not effective and not resolving and state.reset != "unrecoverable":  # that WARNING said it for every sleep
+        held = "" if state.engine_bytes is None else f", the engine took {events.gib(state.engine_bytes)} GiB"
+        later = (" The shim re-checks at the sleep after the warm-up (first wake + generate)."
+                 if first and state.sleep_mode else "")
+        log.warning(f"ineffective sleep {name} level={level}: the device got back {events.gib(m.freed)} GiB, "
+                    f"the sleep pool tracked {events.gib(m.tracked)} GiB{held}; likely cause: {cause}; "
+                    f"fix: {fix}.{later}")
+    if first and not effective and state.sleep_mode:
+        state.reset = "pending"
+    elif resolving:
+        tracked, freed = m.tracked, m.freed
+        reissued = not effective
+        if reissued:
+            def sleep_again():
+                return _measured_sleep(engine, state, wrapped, args, kwargs, level, probe,
+                                       sleep_pool.tracked_bytes(probe, exact=True), True)
+
+            try:
+                effective, tracked, freed, cause = first_sleep_reset.reissue(engine, state, name, level, probe,
+                                                                             sleep_again)
+            except Exception as exc:  # an extra action of the shim: never the reason training stops
+                if config.strict():
+                    raise
+                log.warning(f"first-sleep reset {name}: re-issuing the sleep failed ({type(exc).__name__}: {exc}); "
+                            f"the engine stays as that call left it")
+                state.reset = "failed"
+                return result
+            state.read_next = not effective
+        first_sleep_reset.outcome(state, name, effective, tracked, freed, cause, reissued)
+    return result
+
+
+def _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read) -> tuple:
+    """vLLM's sleep, between two device readings when ``read``; the engine's state records the
+    level, the figures and the reading schedule. Returns ``(result, t0, t1, Measured)`` (t0/t1
+    around vLLM's call). An exception of vLLM's call leaves with the state re-read from the executor."""
+    free0 = memory.read_before_sleep(probe)[0] if read else None
+    t0 = time.perf_counter()
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException:
+        sleep_state.resync(engine, level)
+        raise
+    t1 = time.perf_counter()
+    after = memory.after_sleep(probe, read)
+    sleep_state.note_sleep(engine, level)
+    if read:
+        free1, total = after
+        m = Measured(tracked, max(free1 - free0, 0), free1, total, "device")
+        state.levels_read.add(level)
+        state.since_reading = 0
+        state.reading_tracked = tracked
+    else:  # the pool released every handle it tracks once the executor reports every tag asleep
+        asleep = _executor_asleep(engine)
+        if asleep is False:
+            sleep_state.resync(engine)
+        m = Measured(tracked, None if asleep is False else tracked, None, None, "pool")
+        state.since_reading += 1
+    state.tracked_bytes, state.freed_bytes, state.measured = m.tracked, m.freed, m.how
+    return result, t0, t1, m
+
+
+# ---------------------------------------------------------------------------
+# wake
+# ---------------------------------------------------------------------------
+def check_wake(wrapped, instance, args, kwargs):
+    entered = time.perf_counter()
+    engine = sleep_state.engine_of(instance)
+    state = sleep_state.state_for(engine)
+    if _inner(state):
+        return wrapped(*args, **kwargs)
+    tags = call_args.arg(wrapped, args, kwargs, "tags")
+    probe = memory.probe()
+    if wake_plan.executor_of(engine) is None:
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException:
+            sleep_state.resync(engine)
+            raise
+        sleep_state.note_wake(engine, tags)
+        return result
+    with _calling(state) as call:
+        name = _name(engine, state)
+        do_call, pass_tags, woken = wake_plan.plan(engine, tags)
+        if not do_call:
+            log.debug(f"wake {name} tags={tags}: all awake already, call skipped (vLLM would ignore it)")
+            return None
+        if woken and not _vllm_releases_before_wake():
+            memory.release_cached(probe)
+        read = probe is not None and bool(woken) and state.measured != "pool"  # as the sleep before it
+        free0 = probe.mem_get_info()[0] if read else None
+        t0 = time.perf_counter()
+        try:
+            result = wrapped(pass_tags)
+        except BaseException:
+            sleep_state.resync(engine)
+            raise
+        t1 = time.perf_counter()
+        guard_s = call.guard_s  # the allocator guard's own time, inside the call
+        seconds = t1 - t0 - guard_s
+        sleep_state.note_wake(engine, woken if tags is not None else None)
+        if woken:
+            state.wakes += 1
+        if probe is not None and woken:
+            note = "" if pass_tags == tags else f"asked {','.join(tags)}: the others were awake"
+            if read:
+                free1, total = probe.mem_get_info()
+                restored, tracked, how = max(free0 - free1, 0), sleep_pool.tracked_bytes(probe), "device"
+            else:
+                by_tag = sleep_pool.bytes_by_tag(probe)
+                free1 = total = None
+                restored, tracked, how = sum(by_tag.get(t, 0) for t in woken), sum(by_tag.values()), "pool"
+            shim_s = (t0 - entered) + guard_s + (time.perf_counter() - t1)
+            events.emit("wake", name, seconds, tags=woken, restored=restored, tracked=tracked,
+                           asleep=sorted(state.asleep), free=free1, total=total, measured=how, note=note,
+                           shim_s=shim_s)
+        return result

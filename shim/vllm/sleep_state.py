@@ -1,0 +1,181 @@
+"""Sleep state per vLLM engine: the one "sleep-state flag" every patch consults.
+
+vLLM knows which tags are asleep (``executor.sleeping_tags``) but not what a
+woken tag holds: after ``sleep(level=2)`` the weights come back with undefined
+contents until something writes them. Trainers guess from their own step
+counters, which is how TRL #5312 and the ms-swift level-2 gaps happen. This
+module records, per engine:
+
+- ``asleep``: the tags that are asleep now ("weights", "kv_cache");
+- ``level``: the level of the last sleep;
+- ``weights_valid``: False from a level-2 sleep until weights are written
+  (pushed by the trainer or reloaded from disk);
+- ``weights_pushed``: True once the trainer's weights were written after the
+  last invalidation (False after a reload from disk, which brings back the
+  initial checkpoint, not the trained weights);
+- ``tracked_bytes`` / ``freed_bytes``: what the sleep pool tracked before the
+  last sleep and what that sleep freed (filled in by ``shim.vllm.sleep_check``;
+  ``freed_bytes`` is None until a sleep was measured; ``measured`` says how:
+  ``"device"`` (``mem_get_info`` before and after) or ``"pool"`` (the pool's
+  own bookkeeping: see ``shim.vllm.sleep_verdict``).
+
+Filled in by the sleep check (``shim.vllm.sleep_check``) for telemetry and the
+first-sleep reset: ``engine`` (a short id, ``LLMEngine#1``), ``built`` (its
+construction was recorded), ``sleep_mode`` (built with ``enable_sleep_mode``;
+None if built before the shim was active), ``engine_bytes`` (device memory the
+construction took), ``init_routes`` (the expandable-segments routes that were
+on at construction), ``ineffective`` (count of ineffective sleeps), ``reset``
+(first-sleep reset: ``""``, ``"pending"``, ``"recovered"``, ``"unrecoverable"``,
+``"failed"``), ``wakes`` (count), and the device-reading schedule
+(``levels_read``, ``since_reading``, ``reading_tracked``, ``read_next``).
+
+Filled in by the allocator guard's wrappers (``shim.vllm.engine_guard``):
+``guarded_init`` (the construction ran inside the allocator guard) and
+``guard_saw`` (the routes it turned off there).
+
+``call``: the :class:`Call` of the outermost shim wrapper running on this engine
+(None between calls). Every piece of state the wrappers of two patches share
+lives here, on the engine's state, never in a module global or a thread-local.
+:func:`resync` re-reads ``asleep`` from vLLM's executor after an upstream call raised.
+
+The key is the engine object, held by weak reference: ``state_for(llm)`` and
+``state_for(llm.llm_engine)`` are the same state, because ``vllm.LLM`` delegates
+sleep and wake to its ``llm_engine``.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+TAGS = ("weights", "kv_cache")
+
+
+@dataclass
+class SleepState:
+    asleep: set = field(default_factory=set)
+    level: Optional[int] = None
+    weights_valid: bool = True
+    weights_pushed: bool = False
+    tracked_bytes: int = 0
+    freed_bytes: Optional[int] = None
+    sleeps: int = 0
+    engine: str = ""
+    sleep_mode: Optional[bool] = None
+    engine_bytes: Optional[int] = None
+    init_routes: list = field(default_factory=list)
+    guarded_init: bool = False
+    ineffective: int = 0
+    reset: str = ""
+    wakes: int = 0
+    built: bool = False
+    guard_saw: list = field(default_factory=list)
+    measured: str = ""
+    levels_read: set = field(default_factory=set)
+    since_reading: int = 0
+    reading_tracked: int = 0
+    read_next: bool = False
+    call: "Optional[Call]" = None
+
+    @property
+    def weights_asleep(self) -> bool:
+        return "weights" in self.asleep
+
+    @property
+    def needs_push(self) -> bool:
+        """True when generating now would not use the trainer's weights."""
+        return self.weights_asleep or not self.weights_valid or not self.weights_pushed
+
+
+class Call:
+    """One call of the outermost sleep-check wrapper on an engine (``SleepState.call``).
+
+    Inner wrappers on the same engine in the same thread (``LLM.sleep`` delegates to
+    ``LLMEngine.sleep``) see it and pass straight through; the allocator guard's wake
+    wrapper adds its own seconds to ``guard_s``, which the outer wrapper counts as the
+    shim's time, not vLLM's."""
+
+    __slots__ = ("thread", "guard_s")
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.guard_s = 0.0
+
+    def mine(self) -> bool:
+        return self.thread == threading.get_ident()
+
+
+_lock = threading.Lock()
+_states: "weakref.WeakKeyDictionary[Any, SleepState]" = weakref.WeakKeyDictionary()
+_by_id: dict = {}  # fallback for engines that cannot be weakly referenced
+
+
+def engine_of(obj: Any) -> Any:
+    """The object that owns the sleep state: ``LLM.llm_engine`` or the engine itself."""
+    return getattr(obj, "llm_engine", None) or obj
+
+
+def state_for(obj: Any) -> SleepState:
+    engine = engine_of(obj)
+    with _lock:
+        try:
+            state = _states.get(engine)
+            if state is None:
+                state = _states[engine] = SleepState()
+        except TypeError:
+            state = _by_id.setdefault(id(engine), SleepState())
+        return state
+
+
+def note_sleep(obj: Any, level: int) -> SleepState:
+    """All tags asleep; level 2 discards the weights' contents."""
+    state = state_for(obj)
+    if level and level >= 1:
+        state.asleep = set(TAGS)
+        state.level = level
+        if level >= 2:
+            state.weights_valid = False
+            state.weights_pushed = False
+    return state
+
+
+def note_wake(obj: Any, tags: Optional[Iterable[str]] = None) -> SleepState:
+    state = state_for(obj)
+    state.asleep -= set(TAGS if tags is None else tags)
+    return state
+
+
+def note_weights_pushed(obj: Any) -> SleepState:
+    """The trainer wrote its weights into awake weight memory."""
+    state = state_for(obj)
+    if not state.weights_asleep:
+        state.weights_valid = True
+        state.weights_pushed = True
+    return state
+
+
+def note_weights_reloaded(obj: Any) -> SleepState:
+    """Weights re-read from the checkpoint on disk: defined, but not the trainer's."""
+    state = state_for(obj)
+    state.weights_valid = True
+    state.weights_pushed = False
+    return state
+
+
+def resync(obj: Any, level: Optional[int] = None) -> SleepState:
+    """After an upstream sleep/wake that raised: the record follows what vLLM's executor
+    says is asleep (``sleeping_tags``). A level-2 sleep that failed may have discarded
+    part of the weights: they count as discarded (a push is always safe). Never raises."""
+    state = state_for(obj)
+    try:
+        executor = getattr(engine_of(obj), "model_executor", None)
+        tags = getattr(executor, "sleeping_tags", None)
+        if isinstance(tags, (set, frozenset, list, tuple)):
+            state.asleep = set(tags) & set(TAGS) if getattr(executor, "is_sleeping", bool(tags)) else set()
+        if level is not None and level >= 2:
+            state.weights_valid = False
+            state.weights_pushed = False
+    except Exception:
+        pass
+    return state

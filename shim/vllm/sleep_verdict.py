@@ -1,0 +1,113 @@
+"""Whether a sleep freed what it should, and when that needs a device reading.
+
+The verdict (:func:`judge`): a sleep at level >= 1 is ineffective when the device
+got back less than half of the bytes the sleep pool tracked, or when the pool
+tracks about nothing (< 64 MiB) while the engine holds memory; each verdict comes
+with the likely cause and the fix.
+
+Where the freed bytes come from (:func:`reading_due`). Reading the device costs
+two device-wide ``mem_get_info`` readings with a synchronize and an
+``empty_cache`` per sleep (and two per wake): ~0.2 ms on an H200, 1.6% of a
+~15 ms level-2 sleep/wake of a 10 GiB pool. Most sleeps are judged from the
+pool's own bookkeeping instead (``shim.vllm.sleep_pool``): vLLM's allocator releases
+every handle it tracks (``unmap_and_release``: ``cuMemUnmap`` + ``cuMemRelease``,
+which gives the physical pages back or raises), and the executor marks the
+engine asleep only after its sleep returned. So when the pool tracks what the
+engine took and the executor reports every tag asleep afterwards, the sleep gave
+back the ``tracked`` bytes: the record says ``freed = tracked``, ``measured =
+"pool"``. What that cannot see is memory the pool released but the device did
+not get back (pages still held by another mapping or process), or memory that
+never was in the pool although the pool looks full; both come from how the
+engine was built and persist from sleep to sleep, so a sample finds them.
+
+The rule: a sleep reads the device (``measured = "device"``, exact figures) when
+
+1. it is the engine's first sleep at its level (every ineffective-first-sleep
+   case, ms-swift #6636 included, is caught there, exactly);
+2. the first-sleep reset is pending (its re-check after the warm-up);
+3. the previous sleep was judged ineffective, or could not be verified from the
+   bookkeeping (the executor did not report every tag asleep): the device is read
+   until a sleep is effective again, so every ineffective verdict carries
+   device figures;
+4. the bookkeeping looks wrong: the pool tracks about nothing, or less than half
+   of what the engine took at construction, or it tracks more than 1% more or
+   less than at the last device reading;
+5. ``SHIM_DEVICE_CHECK_EVERY`` (default 10) sleeps of this engine have passed
+   since the last device reading: a sleep that the pool says freed but the device
+   did not is caught at the latest at the 10th sleep after the fault appeared.
+   ``SHIM_DEVICE_CHECK_EVERY=1``: every sleep is read (the exact figures of every
+   cycle, at ~0.2 ms a call).
+
+A wake reads the device exactly when the sleep before it did (``restored``);
+otherwise ``restored`` is the pool's bytes of the tags it woke.
+"""
+from __future__ import annotations
+
+from shim.engine import config, log
+
+MiB = 1 << 20
+NOTHING = 64 * MiB
+"""A pool tracking less than this 'tracks about nothing'."""
+DRIFT = 0.01
+"""The pool changed since the last device reading when it tracks more than this fraction more or less."""
+
+_warned_config: list = []
+
+
+def check_every() -> int:
+    """``SHIM_DEVICE_CHECK_EVERY``; a bad value is one WARNING and the default (inside a wrapper
+    nothing may raise)."""
+    try:
+        return config.device_check_every()
+    except config.ConfigError as exc:
+        if not _warned_config:
+            _warned_config.append(True)
+            log.warning(f"{exc}; using {config.DEVICE_CHECK_EVERY_DEFAULT}")
+        return config.DEVICE_CHECK_EVERY_DEFAULT
+
+
+def reading_due(state, level: int, tracked: int, every: int) -> "str | None":
+    """Why this sleep must read the device (see the module doc), or None: the pool's bookkeeping will do."""
+    if every <= 1:
+        return "every sleep"
+    if level not in state.levels_read:
+        return "first sleep at this level"
+    if state.reset == "pending":
+        return "first-sleep reset re-check"
+    if state.read_next:
+        return "the previous sleep was ineffective or unverified"
+    if tracked < NOTHING:
+        return "the pool tracks about nothing"
+    held = state.engine_bytes
+    if held is not None and held >= NOTHING and tracked * 2 < held:
+        return "the pool tracks less than half of what the engine took"
+    if abs(tracked - state.reading_tracked) > DRIFT * max(state.reading_tracked, 1):
+        return "the pool changed since the last device reading"
+    if state.since_reading + 1 >= every:
+        return f"every {every}th sleep"
+    return None
+
+
+def judge(state, tracked: int, freed: int) -> tuple:
+    """``(effective, likely cause, fix)`` of one sleep."""
+    holds = state.engine_bytes
+    if tracked < NOTHING:
+        if holds is not None and holds < NOTHING:
+            return True, "", ""
+        if state.sleep_mode is False:
+            return (False, "engine built without enable_sleep_mode (nothing was allocated in the sleep pool)",
+                    "build it with enable_sleep_mode=True (TRL: vllm_enable_sleep_mode=True; ms-swift: "
+                    "--sleep_level 1 or 2)")
+        if state.init_routes and not state.guarded_init:
+            return (False, f"expandable segments were on when the engine allocated its memory "
+                           f"({', '.join(state.init_routes)}), so it landed outside the sleep pool (pytorch#147851)",
+                    "keep the shim's vllm-sleep-guard patch on, or launch with expandable_segments:False in "
+                    "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF")
+        return (False, "the sleep allocator instance tracks nothing (CuMemAllocator/CaMemAllocator singleton "
+                       "empty or replaced, or expandable segments on through a route the shim could not see)",
+                "build one sleep-mode engine per process with expandable_segments:False at construction")
+    if freed * 2 < tracked:
+        return (False, "the device got back less than half of what the pool tracked (pool memory still mapped "
+                       "or referenced elsewhere)",
+                "check for a second engine or allocator instance in this process; run SHIM_DEBUG=1")
+    return True, "", ""
