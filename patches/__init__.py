@@ -16,6 +16,11 @@ INDEX = (
     ("trl-rloo-level2-resync", "trl_level2_resync", "trl.trainer.rloo_trainer"),
     ("trl-online-dpo-resync", "trl_online_dpo", "trl.experimental.online_dpo.online_dpo_trainer"),
     ("trl-gold-weights-asleep", "trl_gold", "trl.experimental.gold.gold_trainer"),
+    ("trl-push-reprocess", "trl_push_reprocess", "trl.generation.vllm_generation"),
+    ("trl-online-dpo-push-reprocess", "trl_push_reprocess", "trl.experimental.online_dpo.online_dpo_trainer"),
+    ("trl-online-dpo-push-reprocess-0x", "trl_push_reprocess", "trl.trainer.online_dpo_trainer"),
+    ("trl-grpo-push-reprocess", "trl_push_reprocess", "trl.trainer.grpo_trainer"),
+    ("trl-rloo-push-reprocess", "trl_push_reprocess", "trl.trainer.rloo_trainer"),
     ("swift-resample-wake-order", "swift_resample_wake_order", "swift.rlhf_trainers.rollout_mixin"),
     # before swift-level2-resync / swift-grpo-level2-resync, whose wrappers of _fast_infer stay the outer ones on
     # 3.x (either order works: one acts at level 1 only, the other at level 2 only)
@@ -39,6 +44,8 @@ INDEX = (
     ("vllm-prefix-reset-check", "vllm_prefix_reset_check", "vllm.v1.engine.llm_engine"),
     ("vllm-level2-buffers", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
     ("vllm-ascend-level2-buffers", "vllm_level2_buffers", "vllm_ascend.worker.worker"),
+    ("vllm-level2-tensors", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
+    ("vllm-ascend-level2-tensors", "vllm_level2_buffers", "vllm_ascend.worker.worker"),
     ("verify-weights-vllm", "verify_weights", "vllm.entrypoints.llm"),
     ("verify-weights-trl", "verify_weights", "trl.generation.vllm_generation"),
     ("verify-weights-trl-grpo", "verify_weights", "trl.trainer.grpo_trainer"),

@@ -2,6 +2,7 @@
 only the fields the fake engine and TRL/ms-swift read."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 

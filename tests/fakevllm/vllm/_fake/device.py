@@ -33,6 +33,8 @@ import threading
 import types
 import weakref
 
+import torch
+
 from . import CONTEXT_BYTES, DEVICE_TYPE, ROCM, TOTAL_GB, bypass_mode, log_event
 
 
