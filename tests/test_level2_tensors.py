@@ -1,0 +1,116 @@
+"""A level-2 sleep loses plain tensor attributes (patches/vllm_level2_buffers.py ``vllm-level2-tensors``).
+
+vLLM's ``Worker.sleep(level=2)`` saves ``named_buffers()`` only. A tiny DeepSeek-V2 on the stand-in with
+a quantized ``kv_b_proj`` (``FAKEVLLM_QUANTIZATION=fp8``) keeps MLA's ``W_UK_T`` / ``W_UV`` as plain
+attributes of its own storage in the weights pool (vLLM 0.24 ``MLAAttention.process_weights_after_loading``;
+on ``layer.impl`` up to 0.15): the sleep discards them, the wake maps undefined pages under them, and a
+trainer's push (parameters only, raw ``load_weights``) does not rewrite them. Here the push writes the
+weights the engine already had, so the engine must generate as before the sleep.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.support.stand_in import run
+
+BODY = """
+import logging
+lines = []
+class Collect(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("shim").addHandler(Collect())
+llm = new_llm()
+r = runner(llm)
+mla = r.mla_layers[0]
+holder = mla.impl if mla.impl is not None else mla
+R["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
+if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.reload first (what trl-push-reprocess does)
+    from shim.vllm import reload
+    with reload.session(llm):
+        r.model.load_weights([(n, p.detach().clone()) for n, p in r.model.named_parameters()])
+before = gen(llm)
+derived = [m.absorbed_weight().clone() for m in r.mla_layers]
+params = [(n, p.detach().clone()) for n, p in r.model.named_parameters()]
+llm.sleep(level=2)
+order = os.environ.get("TEST_ORDER", "weights")
+if order == "kv_cache":
+    llm.wake_up(tags=["kv_cache"])
+llm.wake_up(tags=["weights"])
+for n, t in params:                       # the trainer's push: parameters only, raw load_weights
+    r.model.load_weights([(n, t)])
+if order == "weights":
+    llm.wake_up(tags=["kv_cache"])
+R["derived_back"] = all(torch.equal(m.absorbed_weight(), d) for m, d in zip(r.mla_layers, derived))
+R["same_output"] = gen(llm) == before
+R["kept_lines"] = [l for l in lines if "plain tensors kept" in l]
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_mla_model
+
+    return make_tiny_mla_model(str(tmp_path_factory.mktemp("mla") / "m"), seed=0)
+
+
+def both(model_dir, **kw):
+    off, _ = run(model_dir, BODY, shim=False, FAKEVLLM_QUANTIZATION="fp8", **kw)
+    on, proc = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8", **kw)
+    return off, on, proc
+
+
+def test_cuda_plain_tensors_survive_level2(model_dir):
+    off, on, proc = both(model_dir)
+    assert off["view"] is False
+    assert off["derived_back"] is False and off["same_output"] is False  # the bug
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+    # the shim's sleep line counts them: 2 layers x one dequantized [N*(P+V), L] float32 copy (2 KiB each)
+    assert len(on["kept_lines"]) == 1 and "plain tensors kept: 2 storage(s), 4096 bytes" in on["kept_lines"][0]
+    disabled, _ = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8",
+                      SHIM_DISABLED_PATCHES="vllm-level2-tensors")
+    assert disabled["derived_back"] is False
+
+
+def test_cuda_kv_cache_first_wake(model_dir):
+    """The restore waits for the weights tag (a kv_cache-first wake would write into unmapped pages). Without
+    the shim this order faults in vLLM's own buffer restore (vllm#45619, ``vllm-level2-buffers``), so the
+    failing half is the shim with this patch disabled."""
+    env = dict(FAKEVLLM_QUANTIZATION="fp8", TEST_ORDER="kv_cache")
+    off, _ = run(model_dir, BODY, shim=True, SHIM_DISABLED_PATCHES="vllm-level2-tensors", **env)
+    assert off["derived_back"] is False
+    on, proc = run(model_dir, BODY, shim=True, **env)
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+
+
+def test_npu_plain_tensors_survive_level2(model_dir):
+    off, _ = run(model_dir, BODY, shim=False, device="npu", FAKEVLLM_QUANTIZATION="fp8")
+    on, proc = run(model_dir, BODY, shim=True, device="npu", FAKEVLLM_QUANTIZATION="fp8")
+    assert off["derived_back"] is False
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+    disabled, _ = run(model_dir, BODY, shim=True, device="npu", FAKEVLLM_QUANTIZATION="fp8",
+                      SHIM_DISABLED_PATCHES="vllm-ascend-level2-tensors")
+    assert disabled["derived_back"] is False
+
+
+def test_vllm_010_matrices_on_the_impl(model_dir):
+    """Up to vLLM 0.15 the matrices live on the attention backend object (``layer.impl``)."""
+    off, _ = run(model_dir, BODY, shim=False, version="0.10.2", FAKEVLLM_QUANTIZATION="fp8")
+    on, proc = run(model_dir, BODY, shim=True, version="0.10.2", FAKEVLLM_QUANTIZATION="fp8")
+    assert off["derived_back"] is False
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+
+
+def test_views_of_parameters_are_not_copied(model_dir):
+    """Unquantized: W_UV is a view of kv_b_proj.weight; the push rewrites it, nothing is kept."""
+    on, proc = run(model_dir, BODY, shim=True)
+    assert on["view"] is True and on["derived_back"] is True and on["same_output"] is True, proc.stderr
+    assert on["kept_lines"] == []
+
+
+def test_not_kept_where_the_push_rederives(model_dir):
+    """After a push through vLLM's reload (shim.vllm.reload), the attention layers' attributes are derived
+    again by the next push: not copied (a raw push, as here, then leaves them as the wake found them)."""
+    on, proc = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8", TEST_SESSION="1")
+    assert on["kept_lines"] == [], proc.stderr
+    assert on["derived_back"] is False
