@@ -3,9 +3,10 @@
 Upstream: vllm-project/vllm#42821 (raw model.load_weights runs no process_weights_after_loading; fix PR
           #42823 open), NovaSky-AI/SkyRL#1680 (one layerwise reload per push, not per chunk), RFC
           vllm-project/vllm#48312; TRL pushes with the raw call in every release (1.16.0 read)
-Affects:  trl >=0.23.0 colocate pushes (VLLMGeneration.sync_weights 0.28+, OnlineDPOTrainer and the 0.x
-          GRPO/RLOO _move_model_to_vllm) into a vLLM model whose post-processing copies or repacks:
-          MLA W_UK_T/W_UV of a quantized kv_b_proj, quantized linears, FlashInfer MoE layouts
+Affects:  trl colocate pushes into a vLLM model whose post-processing copies or repacks (MLA W_UK_T/W_UV
+          of a quantized kv_b_proj, quantized linears, FlashInfer MoE layouts): VLLMGeneration.sync_weights
+          trl >=0.28.0; OnlineDPOTrainer._move_model_to_vllm trl >=0.26.0 (trl.experimental) and
+          >=0.23.0,<0.26.0 (trl.trainer); GRPO/RLOO _move_model_to_vllm trl >=0.23.0,<0.28.0
 Remove:   when TRL pushes through vLLM's reload (reload_weights(weights_iterator=...) or a weight-update
           session) or vLLM's model.load_weights re-processes by itself (PR #42823)
 
@@ -50,11 +51,11 @@ GENERATION = _patch("trl-push-reprocess", "trl.generation.vllm_generation", "VLL
                     "CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, "
                     "quantized kv_b_proj)")
 ONLINE_DPO = _patch("trl-online-dpo-push-reprocess", "trl.experimental.online_dpo.online_dpo_trainer",
-                    "OnlineDPOTrainer", "_move_model_to_vllm", trainer_colocate, ">=0.27.0", ("trl", "1.16.0"),
+                    "OnlineDPOTrainer", "_move_model_to_vllm", trainer_colocate, ">=0.26.0", ("trl", "1.16.0"),
                     "CPU: real TRL 1.16.0 OnlineDPOTrainer on the vLLM stand-in 0.24.0")
 ONLINE_DPO_0X = _patch("trl-online-dpo-push-reprocess-0x", "trl.trainer.online_dpo_trainer", "OnlineDPOTrainer",
-                       "_move_model_to_vllm", trainer_colocate, ">=0.23.0,<0.29.0", ("trl", "0.26.2"),
-                       "CPU: contract only (TRL 0.26.2)")
+                       "_move_model_to_vllm", trainer_colocate, ">=0.23.0,<0.26.0", ("trl", "0.25.1"),
+                       "CPU: contract only (TRL 0.25.1; from 0.26 the class there subclasses trl.experimental's)")
 GRPO = _patch("trl-grpo-push-reprocess", "trl.trainer.grpo_trainer", "GRPOTrainer", "_move_model_to_vllm",
               trainer_colocate, ">=0.23.0,<0.28.0", ("trl", "0.27.2"),
               "CPU: real TRL 0.27.2 (stand-in 0.24.0, layerwise reload) and 0.26.2 (stand-in 0.10.2, the touched "

@@ -3,7 +3,7 @@
 TRL pushes the trainer's weights into a colocated engine one tensor at a time with the raw
 ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, param)])``:
 ``VLLMGeneration.sync_weights`` (0.28.0-1.16.0), ``OnlineDPOTrainer._move_model_to_vllm``
-(``trl.trainer.online_dpo_trainer`` up to 0.28, ``trl.experimental.online_dpo`` from 0.27) and the
+(``trl.trainer.online_dpo_trainer`` up to 0.25, ``trl.experimental.online_dpo`` from 0.26) and the
 0.x trainers' ``_move_model_to_vllm`` (GRPO, RLOO 0.23-0.27), FSDP helpers included. The wrapper puts
 the whole push -- one call of that method -- inside one reload session of the trainer's ``llm``
 (``self.llm``, the shim's synced proxy included), in colocate mode only; server mode and

@@ -215,7 +215,11 @@ def kept_note(engine) -> str:
 
 
 def probe_plain(cls) -> "str | None":
-    """None where ``cls.sleep`` (its own or the one it calls through ``super()``) saves only the buffers."""
+    """None where ``cls`` defines ``sleep`` and ``wake_up`` and its ``sleep`` (or the one it calls through
+    ``super()``) saves the buffers, and nothing else, at level 2."""
+    missing = [name for name in ("sleep", "wake_up") if name not in vars(cls)]
+    if missing:
+        return f"upstream shape changed ({cls.__name__} defines no {'/'.join(missing)})"
     for klass in cls.__mro__:
         sleep = vars(klass).get("sleep")
         if sleep is None:

@@ -46,8 +46,7 @@ from contextlib import contextmanager
 
 from shim.engine import call_args, config, log
 from shim.observe import events
-from shim.vllm import (alloc_guard, buffers, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict,
-                       wake_plan)
+from shim.vllm import alloc_guard, buffers, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict, wake_plan
 
 _ids = itertools.count(1)
 
