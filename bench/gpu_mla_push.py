@@ -3,6 +3,8 @@
     python bench/gpu_mla_push.py [--quant bf16 fp8kv] [--modes off tensors on] [--cudagraphs]
         [--workdir /tmp/shim-gpu/mla] [--out bench/results/gpu_mla_push.json]
 
+(``--out`` is merged into: the runs of an earlier call with other ``--quant`` / ``--modes`` stay.)
+
 Issue 19 items 1 and 2 on the real engine (the CPU tests run the same on tests/fakevllm). A tiny
 random DeepSeek-V2 checkpoint (2 layers, 2 heads, DeepSeek's MLA sizes: kv_lora_rank 512,
 qk_nope 128, qk_rope 64, v 128; dense MLPs, so no MoE kernel runs) is made locally. One child
@@ -34,7 +36,8 @@ the CUDA graphs).
 
 Needs the offline bundle with FlashAttention 3 kept (../shared/gpu/README.md: ``KEEP=
 "vllm_flash_attn/_vllm_fa3_C.abi3.so"``); run from the repository root (the shim is imported from
-there). Exit status 0 when every expectation above holds. About 8 engine starts (~30 s each with
+there). Exit status 0 when every expectation above holds. ``ALLOW_FAKE=1 PYTHONPATH=tests/fakevllm`` runs the
+script on the CPU stand-in (to debug it; the stand-in's fp8 is the derivation only, see its README). About 8 engine starts (~30 s each with
 ``enforce_eager``; ``--cudagraphs`` captures graphs instead, slower).
 """
 from __future__ import annotations
@@ -68,6 +71,7 @@ def parse(argv=None):
     p.add_argument("--model", default="")
     p.add_argument("--result", default="")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--trl-path", action="append", default=[], help="ignored (tests/gpu/results.py passes it): no TRL here")
     return p.parse_args(argv)
 
 
@@ -120,9 +124,10 @@ def hf_weights(path: str) -> list:
     import torch
     from safetensors.torch import load_file
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: the dry run on tests/fakevllm
     out = []
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        out += [(n, t.to("cuda", torch.bfloat16)) for n, t in load_file(f).items()]
+        out += [(n, t.to(device, torch.bfloat16)) for n, t in load_file(f).items()]
     return out
 
 
@@ -224,7 +229,8 @@ def role_main(a) -> None:
         with session:
             for name, tensor in hf_weights(path):  # TRL: one raw load_weights per tensor
                 model.load_weights([(name, tensor)])
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     steps = {}
@@ -280,7 +286,7 @@ def same_derived(a_list, b_list) -> bool:
 def driver(a) -> int:
     from tests.gpu import common
 
-    reason = common.skip_reason()
+    reason = None if os.environ.get("ALLOW_FAKE") == "1" else common.skip_reason()
     if reason:
         print(f"[gpu_mla_push] skipped: {reason}")
         return 0
@@ -318,8 +324,11 @@ def driver(a) -> int:
             print(f"[gpu_mla_push] {q}/{mode}: expected {expect} got {got}: {'PASS' if passed else 'FAIL'}", flush=True)
             ok = ok and passed
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    previous = common.read_json(a.out) or {}  # runs of another call (e.g. --quant bf16, then --quant fp8kv)
+    runs = dict(previous.get("runs", {}), **result["runs"])
+    checks = [c for c in previous.get("checks", []) if c["run"] not in result["runs"]] + result["checks"]
     with open(a.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        json.dump(dict(result, runs=runs, checks=checks), f, indent=1, default=str)
     print(f"[gpu_mla_push] {'PASS' if ok else 'FAIL'}; results in {a.out}")
     return 0 if ok else 1
 

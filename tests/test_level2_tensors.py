@@ -114,3 +114,39 @@ def test_not_kept_where_the_push_rederives(model_dir):
     on, proc = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8", TEST_SESSION="1")
     assert on["kept_lines"] == [], proc.stderr
     assert on["derived_back"] is False
+
+
+def test_probe_stands_down_where_sleep_saves_module_attributes():
+    from shim.vllm import buffers
+
+    class Worker:
+        def sleep(self, level=1):
+            if level == 2:
+                self._sleep_saved_buffers = {n: b.cpu() for n, b in self.model.named_buffers()}
+
+        def wake_up(self, tags=None):
+            pass
+
+    class Fixed(Worker):
+        def sleep(self, level=1):
+            if level == 2:
+                self._sleep_saved_buffers = {n: b.cpu() for n, b in self.model.named_buffers()}
+                self._saved = {m: dict(vars(m)) for m in self.model.modules()}
+
+        def wake_up(self, tags=None):
+            pass
+
+    class Delegates(Worker):
+        def sleep(self, level=1):
+            super().sleep(level)
+
+        def wake_up(self, tags=None):
+            pass
+
+    class Inherits(Worker):
+        pass
+
+    assert buffers.probe_plain(Worker) is None
+    assert buffers.probe_plain(Delegates) is None  # vllm-ascend style: its sleep, the save through super()
+    assert buffers.probe_plain(Fixed).startswith("fixed upstream")
+    assert buffers.probe_plain(Inherits).startswith("upstream shape changed")

@@ -67,3 +67,25 @@ def test_trl_0x_grpo_move_model_to_vllm():
     result = run("0.26.2")
     assert result["vllm"] == "0.10.2"
     assert_fixed(result, "trl-grpo-push-reprocess")
+
+
+def test_probe_reads_the_push():
+    from shim.trl.push_reload import _raw_push
+
+    class Raw:
+        def sync_weights(self):
+            for name, param in self._iter_named_params():
+                self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, param)])
+
+    class Reloads:
+        def sync_weights(self):
+            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+            runner.reload_weights(weights_iterator=self._iter_named_params(), is_checkpoint_format=True)
+
+    class Server:
+        def sync_weights(self):
+            self.vllm_client.update_named_params(self._iter_named_params())
+
+    assert _raw_push(Raw) is None
+    assert _raw_push(Reloads).startswith("fixed upstream")
+    assert _raw_push(Server).startswith("upstream shape changed")

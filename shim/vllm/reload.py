@@ -18,8 +18,10 @@ per push: a reload per tensor (or per chunk) finalizes every layer the chunk did
 (SkyRL#1680 / #1737). The trainer's push calls ``model.load_weights`` once per tensor, inside its own
 gather / merge contexts, so its tensors cannot be handed over as one iterator; :func:`session` opens
 the reload around the whole push instead -- what vLLM's ``Worker.start_weight_update`` /
-``update_weights`` / ``finish_weight_update`` do for chunked updates (0.24) -- and after the
-finalize resets the encoder and multi-modal caches, as ``reload_weights`` does from 0.24.
+``update_weights`` / ``finish_weight_update`` do for chunked updates (0.24). The encoder and
+multi-modal cache reset that 0.24's ``reload_weights`` adds after the finalize is left to
+``trl-vlm-encoder-cache`` (``shim.vllm.caches``), which already follows these pushes and has its own
+switch.
 
 The finalize assigns what ``process_weights_after_loading`` derives as NEW tensors (``self.W_UV =
 ...``), made outside the sleep pool (the reload runs outside ``use_memory_pool``), at addresses no
@@ -37,12 +39,14 @@ the same copy-back.
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 from shim.engine import log
 
-_active: "weakref.WeakSet" = weakref.WeakSet()  # models inside a session (a nested push joins it)
-_reprocessed: "weakref.WeakSet" = weakref.WeakSet()  # models whose pushes re-run the post-processing
+IN_SESSION = "_shim_push_session"
+"""Model attribute: a session is open on this model (a nested push joins it)."""
+REPROCESSED = "_shim_pushes_reprocess"
+"""Model attribute: a push into this model re-ran its attention layers' post-processing (``shim.vllm.buffers``
+reads it: the next push derives those layers' plain tensors again)."""
 
 
 def runner_of(llm):
@@ -57,10 +61,7 @@ def runner_of(llm):
 
 def pushes_reprocess(model) -> bool:
     """Whether a push into ``model`` re-ran its attention layers' post-processing (a session ran on it)."""
-    try:
-        return model in _reprocessed
-    except TypeError:
-        return False
+    return bool(vars(model).get(REPROCESSED, False))
 
 
 def _layerwise():
@@ -180,12 +181,12 @@ def session(llm):
     engine cannot be reached, or a session is already open on it, the push runs as it is."""
     runner = runner_of(llm)
     model = getattr(runner, "model", None)
-    if model is None or model in _active:
+    if model is None or vars(model).get(IN_SESSION):
         yield
         return
     snapshot = _plain_snapshot(model)
     push = _Push(model, _layerwise())
-    _active.add(model)
+    setattr(model, IN_SESSION, True)
     try:
         with push.installed():
             try:
@@ -197,17 +198,13 @@ def session(llm):
             for module in _touched_attention(model, push.written):
                 module.process_weights_after_loading(runner.model_config.dtype)
     finally:
-        _active.discard(model)
+        setattr(model, IN_SESSION, False)
         moved = _put_back(snapshot)
     if moved:
         log.debug(f"push re-derived {moved} plain tensor(s) with a new shape or dtype: they stay outside the "
                   f"storage they had (and the sleep pool)")
     if push.opened or push.written:
-        _reprocessed.add(model)
-    if push.opened:
-        from shim.vllm import caches
-
-        caches.reset_encoder_caches(llm)
+        setattr(model, REPROCESSED, True)
 
 
 _warned: list = []
