@@ -266,7 +266,7 @@ def child(a, role: str, **kw) -> dict:
         args.append("--cudagraphs")
     t0 = time.time()
     proc = subprocess.run(args, capture_output=True, text=True, timeout=a.timeout, cwd=REPO)
-    log = os.path.join(a.workdir, f"{role}-{kw.get('q')}-{kw.get('mode', 'fresh')}.log")
+    log = os.path.splitext(kw["result"])[0] + ".log"
     with open(log, "w") as f:
         f.write(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
     print(f"[gpu_mla_push] {role} q={kw.get('q')} mode={kw.get('mode', '-')}: rc={proc.returncode} "

@@ -9,6 +9,8 @@ weights the engine already had, so the engine must generate as before the sleep.
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests.support.stand_in import run
@@ -150,3 +152,47 @@ def test_probe_stands_down_where_sleep_saves_module_attributes():
     assert buffers.probe_plain(Delegates) is None  # vllm-ascend style: its sleep, the save through super()
     assert buffers.probe_plain(Fixed).startswith("fixed upstream")
     assert buffers.probe_plain(Inherits).startswith("upstream shape changed")
+
+
+def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):
+    """Which storages a level-2 sleep copies (``shim.vllm.buffers._plain_to_keep``), on a small module tree
+    whose every storage lies in the weights pool (the stand-in keeps parameters in one fake allocation,
+    so the view rule is checked here): a plain tensor of its own storage is kept once (two views of one
+    storage, one copy); views of a parameter or a buffer are not; an attention layer's attributes are not
+    once the pushes into the model re-run its post-processing."""
+    import types
+
+    import torch
+
+    from shim.vllm import buffers, reload, sleep_pool
+
+    attention = types.ModuleType("vllm.model_executor.layers.attention")
+
+    class MLAAttention(torch.nn.Module):
+        pass
+
+    attention.Attention, attention.MLAAttention = type("Attention", (torch.nn.Module,), {}), MLAAttention
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.attention", attention)
+
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(4, 4)
+    model.proj.register_buffer("table", torch.arange(4.0))
+    model.proj.weight_t = model.proj.weight.T          # view of a parameter
+    model.proj.table_view = model.proj.table[1:]       # view of a buffer
+    own = torch.randn(8)
+    model.proj.own, model.proj.own_half = own, own[:4]  # one storage, two attributes
+    model.mla = MLAAttention()
+    model.mla.W_UV = torch.randn(3, 2)
+    tensors = [model.proj.weight, model.proj.table, own, model.mla.W_UV]
+    monkeypatch.setattr(sleep_pool, "spans", lambda tag: [(t.untyped_storage().data_ptr(),
+                                                          t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                                                         for t in tensors])
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
+
+    def kept():
+        return sorted(ptr for ptr, _ in buffers._plain_to_keep(worker))
+
+    ptr = {name: t.untyped_storage().data_ptr() for name, t in (("own", own), ("W_UV", model.mla.W_UV))}
+    assert kept() == sorted([ptr["own"], ptr["W_UV"]])
+    setattr(model, reload.REPROCESSED, True)
+    assert kept() == [ptr["own"]]
