@@ -99,6 +99,22 @@ def make_tiny_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int =
     return out_dir
 
 
+def _random_save(cls, cfg, tok, out_dir: str, seed: int) -> str:
+    """``cls(cfg)`` with every matrix drawn from N(0, 0.2) (seeded), saved with ``tok``'s ids into ``out_dir``."""
+    import torch
+    from transformers import GenerationConfig
+
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
 def make_tiny_moe_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int = 2, experts: int = 4,
                         moe_intermediate: int = 24, top_k: int = 2) -> str:
     """Write a tiny random Qwen3MoeForCausalLM (every layer sparse) + tokenizer into ``out_dir``; return it.
@@ -106,8 +122,7 @@ def make_tiny_moe_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: i
     The default sizes keep every expert matrix non-square (hidden 32, moe_intermediate 24, so the fused
     ``w13`` is 48 x 32 and ``w2`` 32 x 24): a layout mix-up shows as a shape error, never as silently
     transposed arithmetic."""
-    import torch
-    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     os.makedirs(out_dir, exist_ok=True)
     tok = make_tokenizer(out_dir)
@@ -117,20 +132,7 @@ def make_tiny_moe_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: i
                          num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
                          max_position_embeddings=512, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=None, torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
-    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
-
-
-if __name__ == "__main__":
-    import sys
-    print(make_tiny_model(sys.argv[1], wide="--wide" in sys.argv))
+    return _random_save(Qwen3MoeForCausalLM, cfg, tok, out_dir, seed)
 
 
 def make_tiny_mla_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 2,
@@ -139,8 +141,7 @@ def make_tiny_mla_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: i
     """Write a tiny random DeepseekV2ForCausalLM (MLA: ``kv_b_proj`` = [W_UK; W_UV] per head) +
     tokenizer into ``out_dir``; every MLP dense (``first_k_dense_replace = layers``), attention
     projections with biases."""
-    import torch
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, GenerationConfig
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     os.makedirs(out_dir, exist_ok=True)
     tok = make_tokenizer(out_dir)
@@ -153,15 +154,7 @@ def make_tiny_mla_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: i
                            max_position_embeddings=max_positions, tie_word_embeddings=False,
                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
                            torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = DeepseekV2ForCausalLM(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
-    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+    return _random_save(DeepseekV2ForCausalLM, cfg, tok, out_dir, seed)
 
 
 if __name__ == "__main__":
