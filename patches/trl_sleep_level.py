@@ -22,16 +22,17 @@ ID = "trl-sleep-level"
 
 
 def probe(module):
-    import inspect
-
-    from shim.engine import config
+    from shim.engine import config, probes
 
     cls = getattr(module, "VLLMGeneration", None)
     llm = getattr(module, "LLM", None)
     if cls is None or not isinstance(llm, type) or not callable(getattr(llm, "sleep", None)):
-        return "upstream shape changed: VLLMGeneration or vllm.LLM not in trl.generation.vllm_generation"
-    if "sleep(level=2)" not in inspect.getsource(cls._init_vllm):
-        return "upstream shape changed: VLLMGeneration._init_vllm has no sleep(level=2)"
+        return probes.changed("VLLMGeneration or vllm.LLM not in trl.generation.vllm_generation")
+    source, reason = probes.source(getattr(cls, "_init_vllm", None), "VLLMGeneration._init_vllm")
+    if source is None:
+        return reason
+    if "sleep(level=2)" not in source:
+        return probes.changed("VLLMGeneration._init_vllm has no sleep(level=2)")
     try:
         level = config.sleep_level()
     except config.ConfigError as exc:
@@ -48,6 +49,7 @@ def apply(module, patcher):
 PATCH = Patch(
     id=ID,
     kind=FEATURE,
+    switch="SHIM_SLEEP_LEVEL",
     tested_at=("trl", "1.16.0"),
     issue="SHIM_SLEEP_LEVEL",
     distribution="trl",

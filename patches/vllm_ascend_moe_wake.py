@@ -17,11 +17,12 @@ from shim.engine.patch import Patch
 
 
 def probe(module):
+    from shim.engine import probes
     from shim.vllm import moe_layout
 
     cls = getattr(module, "NPUWorker", None)
     if cls is None:
-        return "upstream shape changed (no NPUWorker)"
+        return probes.changed("no NPUWorker in vllm_ascend.worker.worker")
     return moe_layout.probe_relayout(cls)
 
 

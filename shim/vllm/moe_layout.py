@@ -19,7 +19,7 @@ replaced by a tensor of other storage is left as the call made it.
 """
 from __future__ import annotations
 
-from shim.engine import call_args, log
+from shim.engine import call_args, log, probes
 
 NAMES = ("w13_weight", "w2_weight")
 _told: list = []
@@ -73,18 +73,15 @@ def keep_layout(wrapped, instance, args, kwargs):
 
 def probe_relayout(cls) -> "str | None":
     """None where ``cls.wake_up`` re-lays the MoE weights (the tokens of the 0.12-0.25 code); else why not."""
-    import inspect
-
-    wake = vars(cls).get("wake_up")
+    wake = vars(cls).get("wake_up")  # the class's own (vllm-ascend's NPUWorker)
     if wake is None:
-        return f"upstream shape changed ({cls.__name__} defines no wake_up)"
-    try:
-        source = inspect.getsource(wake)
-    except (OSError, TypeError):
-        return f"upstream shape changed (source of {cls.__name__}.wake_up unavailable)"
+        return probes.changed(f"{cls.__name__} defines no wake_up")
+    source, reason = probes.source(wake, f"{cls.__name__}.wake_up")
+    if source is None:
+        return reason
     hits = [t for t in ("w13_weight", "w2_weight", "transpose(1, 2)", "setattr(") if t in source]
     if not hits:
         return "fixed upstream (wake_up no longer re-lays the MoE expert weights)"
     if len(hits) < 4:
-        return f"upstream shape changed ({cls.__name__}.wake_up has {', '.join(hits)} only)"
+        return probes.changed(f"{cls.__name__}.wake_up has {', '.join(hits)} only")
     return None
