@@ -54,7 +54,7 @@ PATCH = Patch(
     id=ID,
     kind=FEATURE,
     tested_at=("vllm", "0.24.0"),  # transformers.trainer from tests/requirements.txt (4.57.6)
-    issue="feature",
+    issue="trainer metrics (shim/ keys, stale-rollout alarm)",
     distribution="transformers",
     affected=">=4.38.0",
     module="transformers.trainer",
@@ -80,7 +80,7 @@ def _apply_swift(module, patcher):
 
 
 def _swift(patch_id, affected, module, tested_at):
-    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="feature", distribution="ms-swift", affected=affected, module=module,
+    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="trainer metrics (shim/ keys, stale-rollout alarm)", distribution="ms-swift", affected=affected, module=module,
                  apply=_apply_swift, probe=_probe_swift,
                  summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
                  verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the "

@@ -111,13 +111,21 @@ def _apply_swift(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_infer_single_or_multi_turn", _swift_infer)
 
 
+VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with trl-stale-weights "
+            "disabled, silent with it on; real TRL 1.10.0 with every push missing one tensor (left discarded by the "
+            "level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
+            "without chat (this record's vLLM half stands down): every rollout counted unverifiable, one WARNING, "
+            "status reason; digests equal to the definition, every single changed element and swaps seen, chunking "
+            "and routes agree; tensor-parallel slices (fused qkv/gate_up, row/vocab parallel) on CPU tensors")
+
+
 def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at):
     probe, apply = probe_apply
-    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="weight verification (SHIM_VERIFY_WEIGHTS)",
+    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, switch="SHIM_VERIFY_WEIGHTS",
+                 issue="weight verification (SHIM_VERIFY_WEIGHTS)",
                  distribution=distribution,
                  affected=affected, module=module, apply=apply, probe=probe, summary=summary,
-                 verified="CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with "
-                          "trl-stale-weights disabled, silent with it on")
+                 verified=VERIFIED)
 
 
 PATCHES = [

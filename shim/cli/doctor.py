@@ -113,13 +113,23 @@ def doctor(argv: list) -> int:
     if absent:
         dists = sorted({p.distribution for p in fixes if not installed(p.distribution)})
         print(f"  {len(absent)} known bugs of packages not installed here ({', '.join(dists)})")
-    extras = [p for p in patches if p.kind != FIX and installed(p.distribution)]
+    extras = [p for p in patches if p.kind != FIX and installed(p.distribution)
+              and in_range(installed(p.distribution), p.affected)]
     if extras:
         print("features and checks:")
-    for patch in extras:
-        state = "off (disabled)" if off_all or patch.id in off else (
-            "on (always on)" if everywhere else "on where the shim runs")
-        print(f"  {patch.id:<36} {state}: {patch.summary}")
+    for issue, records in _bugs(extras):  # one row per feature (its records for this release)
+        ids = ", ".join(p.id for p in records)
+        patch = records[0]
+        if off_all or all(p.id in off for p in records):
+            state = "off (disabled)"
+        elif patch.switch and not config.switched_on(patch.switch):
+            state = f"off (set {patch.switch}=1 to turn it on)"
+        else:
+            state = "on (always on)" if everywhere else "on where the shim runs"
+        if len(records) == 1:
+            print(f"  {ids:<36} {state}: {patch.summary}")
+        else:
+            print(f"  {patch.issue:<36} {state} ({ids})")
     if unfixed:
         print(f"doctor: {len(unfixed)} known bug(s) affect this environment and are not fixed in every process: "
               f"{', '.join(unfixed)}")

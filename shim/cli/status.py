@@ -33,6 +33,13 @@ def status(argv: list) -> int:
             except Exception as exc:  # the row says why the hook never ran
                 registry._decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
     rows = registry.status_rows(patches)
+    from shim.verify import weights as verify
+
+    decisions = registry.decisions()
+    for r in rows:  # verification asked for but checking nothing here: say so, never just "applied"
+        why = verify.not_running_reason(r["id"], decisions)
+        if why:
+            r["decision"], r["reason"] = "requested, not running", why
     if "--json" in argv:
         print(json.dumps([{k: r[k] for k in ("id", "kind", "distribution", "installed", "affected", "decision", "reason", "acted")} for r in rows], indent=2))
         return 0

@@ -38,13 +38,14 @@ pool's bookkeeping looks wrong); the others are verified from the pool's bookkee
 
 
 SHIM_VERIFY_WEIGHTS = "SHIM_VERIFY_WEIGHTS"
-"""``1`` (or ``true``/``yes``/``on``/``sample``): right before each generate of a colocated
-engine (TRL ``VLLMGeneration``, GRPO/RLOO 0.25-0.27, OnlineDPO, GOLD), compare a sampled
-fingerprint of the engine's weights with the trainer's current weights (``shim.verify.weights``:
-a fixed sample of tensors, a strided sample of their elements, bit patterns after rounding
-to the engine's dtype). ``exact``: every element of every tensor (integer checksums of the
-bit patterns). ``0``/unset: off. A mismatch is a WARNING with the words ``stale weights``
-(SHIM_STRICT raises). CLI: ``python -m shim --verify-weights`` sets ``1``."""
+"""``1`` (or ``true``/``yes``/``on``/``exact``): right before each generate of a colocated
+engine (TRL ``VLLMGeneration``, GRPO/RLOO 0.25-0.27, OnlineDPO, GOLD; ms-swift colocate),
+compare exact digests of every engine tensor with the trainer's current weights
+(``shim.verify``: a position-sensitive hash of the bit patterns after rounding to the
+engine's dtype, computed on the device). ``sample``: a different slice of 8 tensors per
+check (every tensor within ceil(tensors / 8) checks). ``0``/unset: off. A mismatch is a
+WARNING with the words ``stale weights`` (SHIM_STRICT raises). CLI: ``python -m shim
+--verify-weights`` sets ``1``."""
 
 SHIM_STALE_ALARM = "SHIM_STALE_ALARM"
 """Float > 0, default 0.05. The stale-rollout alarm (``shim.observe.trainer_metrics``): one WARNING
@@ -85,6 +86,11 @@ def _flag(name: str) -> bool:
     )
 
 
+def switched_on(name: str) -> bool:
+    """Whether the environment switch ``name`` is set to something other than off (never raises)."""
+    return os.environ.get(name, "").strip().lower() not in _FALSE
+
+
 def disabled() -> bool:
     return _flag(SHIM_DISABLED)
 
@@ -103,18 +109,20 @@ def debug() -> bool:
 
 
 VERIFY_OFF, VERIFY_SAMPLE, VERIFY_EXACT = "", "sample", "exact"
+VERIFY_DEFAULT = VERIFY_EXACT
+"""What ``SHIM_VERIFY_WEIGHTS=1`` means (bench/gpu_verify_weights.py: exact digests under 1% of a step)."""
 
 
 def verify_weights() -> str:
-    """``""`` (off), ``"sample"`` (the default fingerprint) or ``"exact"`` from SHIM_VERIFY_WEIGHTS."""
+    """``""`` (off), ``"exact"`` (the default: ``1``) or ``"sample"`` from SHIM_VERIFY_WEIGHTS."""
     raw = os.environ.get(SHIM_VERIFY_WEIGHTS, "")
     value = raw.strip().lower()
     if value in _FALSE:
         return VERIFY_OFF
-    if value in _TRUE or value == VERIFY_SAMPLE:
-        return VERIFY_SAMPLE
-    if value == VERIFY_EXACT:
-        return VERIFY_EXACT
+    if value in _TRUE:
+        return VERIFY_DEFAULT
+    if value in (VERIFY_SAMPLE, VERIFY_EXACT):
+        return value
     raise ConfigError(f"{SHIM_VERIFY_WEIGHTS}={raw!r} is not valid; accepted: 1, 0, exact, sample, true, false, "
                       "yes, no, on, off (or unset)")
 

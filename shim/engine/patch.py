@@ -3,7 +3,8 @@
 A record says what it fixes (``issue``, ``distribution``, ``affected``, ``fixed_in``), what it is
 (``kind``: :data:`FIX` for an upstream bug, :data:`FEATURE` for something the shim adds, :data:`CHECK`
 for a check that reports and changes nothing), how it is applied (``module``, ``apply``, ``probe``)
-and where the generated contract tests it (``tested_at``: the test environment kind and release,
+and, for a feature that needs turning on, its ``switch`` (an environment variable); where the
+generated contract tests it (``tested_at``: the test environment kind and release,
 e.g. ``("trl", "1.9.2")``). ``python -m shim status``, ``doctor`` and the README's patch table
 (``python -m shim.cli.table``) are all read from these records.
 """
@@ -41,19 +42,21 @@ class Patch:
     """
 
     __slots__ = ("id", "issue", "distribution", "affected", "module", "apply", "probe", "summary", "verified",
-                 "fixed_in", "kind", "tested_at")
+                 "fixed_in", "kind", "tested_at", "switch")
 
     def __init__(self, id: str, issue: str, distribution: str, affected: str, module: str,
                  apply: "Callable[[ModuleType, Patcher], None]",
                  probe: "Callable[[ModuleType], str | None] | None" = None,
                  summary: str = "", verified: str = "", fixed_in: "str | None" = None, kind: str = FIX,
-                 tested_at: "tuple | None" = None):
+                 tested_at: "tuple | None" = None, switch: "str | None" = None):
         if kind not in KINDS:
             raise ValueError(f"Patch {id!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
         self.id, self.issue, self.distribution, self.affected = id, issue, distribution, affected
         self.module, self.apply, self.probe = module, apply, probe
         self.summary, self.verified, self.fixed_in = summary, verified, fixed_in
         self.kind, self.tested_at = kind, tuple(tested_at) if tested_at else None
+        self.switch = switch
+        """The environment switch a feature needs on (e.g. ``SHIM_VERIFY_WEIGHTS``), or None."""
 
     def __repr__(self) -> str:
         return f"Patch({self.id!r}, {self.distribution} {self.affected}, {self.module})"

@@ -1,90 +1,66 @@
-"""Weight verification (``SHIM_VERIFY_WEIGHTS``): the engine's weights against the trainer's, before each generate.
+"""Weight verification (``SHIM_VERIFY_WEIGHTS``): arming, the check before each generate, and what it reports.
 
-Whatever the cause of a missing push (an upstream bug, a patch switched off or
-standing down, a new trainer release), a colocated engine that samples from
-other weights than the trainer holds produces rollouts of the wrong policy
-without any error. With ``SHIM_VERIFY_WEIGHTS=1`` the shim compares, right
-before vLLM samples, a fingerprint of the engine's weights with the trainer's
-current weights; on a mismatch it logs one WARNING with the words ``stale
-weights`` (the engine, the trainer's step, the first tensors that differ), or
-raises :class:`StaleWeights` with ``SHIM_STRICT=1``.
+Whatever the cause of a missing push (an upstream bug, a patch switched off or standing
+down, a new trainer release, a push that misses one tensor), a colocated engine that
+samples from other weights than the trainer holds produces rollouts of the wrong policy
+without any error. With ``SHIM_VERIFY_WEIGHTS=1`` the shim compares, right before vLLM
+samples, exact digests of the engine's weights with the trainer's current weights
+(:mod:`shim.verify.digest`, computed where the tensors live); on a mismatch it logs one
+WARNING with the words ``stale weights`` (the engine, the trainer's step, the engine's
+weight version, the first tensors that differ), or raises :class:`StaleWeights` with
+``SHIM_STRICT=1``.
 
 How it is wired (explicit per-engine objects, no thread-locals):
 
-- A trainer-side wrapper (``patches/verify_weights.py``: TRL ``VLLMGeneration.generate``,
-  GRPO/RLOO ``_generate_single_turn`` 0.25-0.27, OnlineDPO, GOLD) calls :func:`armed`
-  around the trainer's own generate method: it names the trainer model the engine must
-  equal (a :class:`Target`, kept per engine like ``shim.vllm.sleep_state``).
+- A trainer-side wrapper (``patches/verify_weights.py``) calls :class:`armed` around the
+  trainer's own generate method: it names the trainer model the engine must equal (a
+  :class:`Target`, kept per engine like ``shim.vllm.sleep_state``).
 - A vLLM-side wrapper (``vllm.LLM.generate`` / ``chat``) calls :func:`before_generate`:
-  when its engine is armed, it verifies. It runs INSIDE every other wrapper the
-  trainer or the shim put around the engine (``shim.trl.synced_llm`` pushes first), so it
-  sees exactly the weights vLLM is about to sample from.
+  when its engine is armed, it verifies. It runs INSIDE every other wrapper the trainer or
+  the shim put around the engine (``shim.trl.synced_llm`` pushes first), so it sees exactly
+  the weights vLLM is about to sample from.
 
-The engine is read through vLLM's worker API: in-process executors
-(``llm_engine.model_executor.driver_worker.model_runner.model``: TRL/ms-swift colocate,
-``external_launcher``) directly, any other executor through ``LLM.apply_model`` (one
-result per worker; a multiprocess executor needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
-to ship the function, else verification says once that it cannot run). Each worker
-describes its own parameters (:func:`describe`): for every parameter, which trainer
-tensor(s) and which slice of them it holds, from vLLM's own layer attributes
-(``tp_rank``/``tp_size``, ``output_sizes`` of ``MergedColumnParallelLinear``, the head
-counts and ``num_kv_head_replicas`` of ``QKVParallelLinear``, ``shard_indices`` of
-``VocabParallelEmbedding``, the ``output_dim``/``input_dim`` weight attributes) and the
-model's ``packed_modules_mapping`` (``qkv_proj`` = ``q_proj,k_proj,v_proj``,
-``gate_up_proj`` = ``gate_proj,up_proj``). So each tensor-parallel rank compares its
-own shard with the matching slice of the trainer's full tensor.
+Modes: ``exact`` (``1``, the default: every mapped tensor at every check) and ``sample``
+(:data:`shim.verify.compare.TENSORS` tensors per check, a different slice each time, so every
+mapped tensor is compared within ``ceil(mapped / TENSORS)`` consecutive checks; of each about
+:data:`shim.verify.compare.ELEMENTS` elements in strided rows, the first row moving on each pass).
 
-Fingerprints (the same code on both sides; the trainer's values are first rounded to
-the engine's dtype, exactly what the push's ``param.copy_`` does, so a bf16 engine fed
-from float32 master weights compares equal; then the BIT PATTERNS are compared, no
-tolerance needed):
+Never silently off: when verification is asked for and an engine or trainer cannot be
+verified (a verify record standing down or failed, a trainer model that cannot be
+compared, engine tensors that map to no trainer tensor, an engine in another process that
+cannot run the check), the process logs one WARNING naming why, every such rollout counts
+as ``rollouts_unverifiable``, and :func:`not_running_reason` gives the reason to
+``python -m shim status`` (``requested, not running: <why>``).
 
-- ``sample`` (default, ``SHIM_VERIFY_WEIGHTS=1``): :data:`TENSORS` matrices spread
-  evenly over the model (2-D or larger, trained), :data:`ELEMENTS` strided elements
-  each. Cost: two tiny gathers and one device-to-host copy per side per generate.
-  A push that did not land is missed only if no sampled element changed since the
-  weights the engine holds: after one optimizer step at the learning rates RL uses,
-  many of the 8192 sampled bf16 values change.
-- ``exact``: every element of every mapped tensor, as two int64 checksums of the bit
-  patterns (plain and position-weighted sums; integer arithmetic, so the reduction
-  order cannot change them): any single changed element is found.
+Weight version: where vLLM has ``LLMEngine.set_weight_version`` (0.27.0 and later), a
+check that finds the engine equal to the trainer tags the engine with the trainer's global
+step (vLLM stamps its outputs with it); the verification line and the ``verify`` trace
+record (``SHIM_TRACE``) name the engine's version.
 
-Sharded trainers: under DeepSpeed ZeRO-3 only the trainer tensors the fingerprint
-reads are gathered (``deepspeed.zero.GatheredParameters``, a collective: every rank
-verifies the same tensors at the same generate); FSDP2 ``DTensor`` parameters through
-``full_tensor()`` (likewise). In ``exact`` mode that is every tensor, one at a time.
-Not verified (one INFO line, counted as ``unverifiable``): PEFT models (the engine
-holds merged adapters), FSDP1 flat parameters, engines whose parameters cannot be
-matched by name (quantized or renamed), non-floating dtypes.
-
-Counts (``counts()``): ``verified`` (generates whose fingerprint matched), ``stale``,
-``unverifiable``, ``seconds`` (the shim's own time in verification). They go to
-``shim.observe.events.count`` too when that API exists.
+Counts (:func:`counts`): ``verified``, ``stale``, ``unverifiable``, ``seconds`` (the shim's
+own time in verification), ``times``; also ``shim.observe.events.count("rollouts_<verdict>")``.
 """
 from __future__ import annotations
 
+import math
+import os
 import sys
 import threading
 import time
 import weakref
 
 from shim.engine import config, log
-from shim.vllm import sleep_state
+from shim.verify import compare, layout, transport
 
-TENSORS = 8
-"""Matrices sampled per generate in ``sample`` mode."""
-ELEMENTS = 1024
-"""Elements sampled per matrix in ``sample`` mode."""
 WARN_FIRST = 5
 """Stale generates logged one WARNING each; after that one WARNING every :data:`WARN_EVERY`."""
 WARN_EVERY = 50
 SHOW = 3
 """Tensors named in a WARNING."""
-CHUNK = 1 << 24
-"""Elements per chunk of an exact checksum (bounds the temporary int64 copy)."""
-MODULUS = 65521
-DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-TRAINER_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
+VLLM_RECORD = "verify-weights-vllm"
+"""The engine half: the check before ``LLM.generate``/``chat`` (ms-swift's records check on their own)."""
+SELF_CHECKING = ("verify-weights-swift",)
+"""Record id prefixes that run the check themselves (not through :data:`VLLM_RECORD`)."""
 
 
 class StaleWeights(RuntimeError):
@@ -93,459 +69,117 @@ class StaleWeights(RuntimeError):
 
 _lock = threading.Lock()
 _counts = {"verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
+_read: dict = {}       # bytes one exact check reads: {"engine": ..., "trainer": ...} (the bench's floor)
 _times: list = []      # the shim's own seconds per verification (bench: median cost per generate)
 _targets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_names: dict = {}
+_warned: set = set()   # reasons already said (one WARNING per process each)
+_reasons: dict = {}    # engine name -> why it cannot be verified (this process)
 
 
 def counts() -> dict:
     with _lock:
         out = dict(_counts)
         out["times"] = list(_times)
+        out["bytes_per_exact_check"] = dict(_read)
         return out
 
 
-def _count(key: str, seconds: float) -> None:
+def reset() -> None:
+    """Forget what was said and why engines were unverifiable (tests)."""
+    with _lock:
+        _warned.clear()
+        _reasons.clear()
+
+
+def _count(key: str, seconds: "float | None" = None) -> None:
     with _lock:
         _counts[key] += 1
-        _counts["seconds"] += seconds
-        if len(_times) < 100000:
-            _times.append(seconds)
+        if seconds is not None:  # a check that ran (its time is the bench's figure)
+            _counts["seconds"] += seconds
+            if len(_times) < 100000:
+                _times.append(seconds)
     from shim.observe import events
 
-    counter = getattr(events, "count", None)  # the counters API (another helper's), when present
-    if counter is not None:
-        try:
-            counter(f"rollouts_{key}")
-        except Exception as exc:  # never break training over a counter
-            log.debug(f"events.count failed: {exc!r}")
+    events.count(f"rollouts_{key}")
+
+
+def _requested() -> str:
+    try:
+        return config.verify_weights()
+    except config.ConfigError:
+        return ""
+
+
+def _warn_once(reason: str, message: str) -> None:
+    with _lock:
+        if reason in _warned:
+            log.debug(message)
+            return
+        _warned.add(reason)
+    log.warning(message)
 
 
 # ---------------------------------------------------------------------------
-# engine side: layouts and fingerprints (run inside each vLLM worker)
+# not running although asked for
 # ---------------------------------------------------------------------------
-def _leaf_replace(name: str, leaf: str, new: str) -> str:
-    head, _, tail = name.rpartition(f"{leaf}.")
-    return f"{head}{new}.{tail}"
-
-
-def param_layout(name: str, param, module, packed: dict) -> "dict | None":
-    """Which trainer tensor slices engine parameter ``name`` (held by ``module``) is made of.
-
-    ``{"dim": d, "pieces": [[trainer_name, engine_start, length, trainer_start], ...]}``:
-    along dimension ``d`` the engine's rows ``[engine_start, engine_start + length)`` are
-    the trainer tensor's rows ``[trainer_start, trainer_start + length)``; every other
-    dimension is equal. Mirrors the weight loaders of vLLM 0.24
-    ``vllm/model_executor/layers/linear.py`` (``QKVParallelLinear.weight_loader``: q rows
-    at ``tp_rank``, k/v at ``tp_rank // num_kv_head_replicas``; ``MergedColumnParallelLinear``:
-    each of ``output_sizes`` split by ``tp_size``; ``ColumnParallelLinear`` along
-    ``output_dim``, ``RowParallelLinear`` along ``input_dim``) and
-    ``vocab_parallel_embedding.py`` (rows ``org_vocab_start_index..end``; padding unmapped).
-    None: not a layout this knows (the tensor is left out)."""
-    shape = list(param.shape)
-    if not shape:
-        return {"dim": 0, "pieces": [[name, 0, 1, 0]], "scalar": True}
-    leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
-    tp_size = int(getattr(module, "tp_size", 1) or 1)
-    tp_rank = int(getattr(module, "tp_rank", 0) or 0)
-    out_dim = getattr(param, "output_dim", None)
-    in_dim = getattr(param, "input_dim", None)
-    parts = packed.get(leaf)
-    if parts and getattr(module, "output_sizes", None) is not None and out_dim is not None:
-        if len(parts) != len(module.output_sizes):
-            return None
-        if hasattr(module, "num_kv_head_replicas") and len(parts) == 3:  # QKVParallelLinear
-            hs, vhs = module.head_size, getattr(module, "v_head_size", module.head_size)
-            nh, nkv, rep = module.num_heads, module.num_kv_heads, module.num_kv_head_replicas
-            kv_rank = tp_rank // rep
-            sizes = [(nh * hs, tp_rank), (nkv * hs, kv_rank), (nkv * vhs, kv_rank)]
-        else:  # MergedColumnParallelLinear
-            sizes = [(size // tp_size, tp_rank) for size in module.output_sizes]
-        pieces, start = [], 0
-        for part, (size, rank) in zip(parts, sizes):
-            pieces.append([_leaf_replace(name, leaf, part), start, size, rank * size])
-            start += size
-        if start != shape[out_dim]:
-            return None
-        return {"dim": out_dim, "pieces": pieces}
-    if parts:  # a packed name this layer shape does not explain
+def _down(decision) -> "str | None":
+    """A decision that means "asked for but not applied here" (not: another release's record)."""
+    if decision is None:
         return None
-    indices = getattr(module, "shard_indices", None)
-    if indices is not None and out_dim is not None:  # VocabParallelEmbedding / ParallelLMHead
-        start, end = indices.org_vocab_start_index, indices.org_vocab_end_index
-        return {"dim": out_dim, "pieces": [[name, 0, end - start, start]]}
-    if tp_size > 1 and out_dim is not None and hasattr(module, "output_size_per_partition") \
-            and not hasattr(module, "input_is_parallel"):  # ColumnParallelLinear (weight and bias)
-        n = shape[out_dim]
-        return {"dim": out_dim, "pieces": [[name, 0, n, tp_rank * n]]}
-    if tp_size > 1 and in_dim is not None and hasattr(module, "input_is_parallel"):  # RowParallelLinear
-        n = shape[in_dim]
-        return {"dim": in_dim, "pieces": [[name, 0, n, tp_rank * n]]}
-    return {"dim": 0, "pieces": [[name, 0, shape[0], 0]]}  # replicated (norms, RowParallel bias, TP 1)
-
-
-def _tp_rank(model) -> int:
-    for module in model.modules():
-        if hasattr(module, "tp_rank"):
-            return int(module.tp_rank or 0)
-    return 0
-
-
-def describe(model) -> dict:
-    """Every parameter of the engine's model: shape, dtype and layout (one worker's view)."""
-    packed = dict(DEFAULT_PACKED)
-    packed.update({k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()})
-    owner = {}
-    for _, module in model.named_modules():
-        for _, param in module.named_parameters(recurse=False):
-            owner.setdefault(id(param), module)
-    params = {}
-    for name, param in model.named_parameters():  # tied parameters once, under their first name
-        params[name] = {"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", ""),
-                        "layout": param_layout(name, param, owner[id(param)], packed)}
-    return {"rank": _tp_rank(model), "params": params}
-
-
-_BITS = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64",
-         "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e4m3fnuz": "uint8", "float8_e5m2fnuz": "uint8"}
-
-
-def bits(t):
-    """The bit patterns of a floating tensor as int64 (``t`` contiguous or not)."""
-    import torch
-
-    return t.contiguous().view(getattr(torch, _BITS[str(t.dtype).replace("torch.", "")])).to(torch.int64)
-
-
-def checksum(t) -> list:
-    """``[sum, position-weighted sum]`` of the bit patterns of every element (int64, wraps)."""
-    import torch
-
-    flat = t.reshape(-1)
-    total = torch.zeros((), dtype=torch.int64, device=flat.device)
-    weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
-    for start in range(0, flat.numel(), CHUNK):
-        b = bits(flat[start:start + CHUNK])
-        w = torch.arange(start, start + b.numel(), device=b.device, dtype=torch.int64) % MODULUS + 1
-        total += b.sum()
-        weighted += (b * w).sum()
-    return [total, weighted]
-
-
-def sample_positions(numel: int, n: int):
-    """Flat indices of a fixed strided sample of ``n`` elements (all when ``numel <= n``)."""
-    import torch
-
-    if numel <= n:
-        return torch.arange(numel, dtype=torch.int64)
-    stride = numel // n
-    return torch.arange(n, dtype=torch.int64) * stride + stride // 2
-
-
-def fingerprint(model, request: dict) -> dict:
-    """Run on one worker: ``request = {"mode", "names", "elements", "describe"}``.
-
-    ``sample``: ``values`` = bit patterns at :func:`sample_positions` of each named shard,
-    concatenated; ``exact``: ``sums`` = one :func:`checksum` per layout piece of each."""
-    import torch
-
-    out = {"rank": _tp_rank(model)}
-    if request.get("describe"):
-        out["describe"] = describe(model)
-    names = request.get("names") or []
-    if not names:
-        return out
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        if request["mode"] == config.VERIFY_EXACT:
-            layouts = out["describe"]["params"] if "describe" in out else describe(model)["params"]
-            sums = []
-            for name in names:
-                p, layout = params[name], layouts[name]["layout"]
-                for _, e_start, length, _ in layout["pieces"]:
-                    piece = p.reshape(1) if layout.get("scalar") else p.narrow(layout["dim"], e_start, length)
-                    sums.extend(checksum(piece))
-            out["sums"] = torch.stack(sums).cpu().tolist() if sums else []
-        else:
-            picks = []
-            for name in names:
-                p = params[name].reshape(-1)
-                idx = sample_positions(p.numel(), request["elements"]).to(p.device)
-                picks.append(bits(p.index_select(0, idx)))
-            out["values"] = torch.cat(picks).cpu() if picks else torch.zeros(0, dtype=torch.int64)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# trainer side
-# ---------------------------------------------------------------------------
-def trainer_name(name: str) -> str:
-    """A trainer parameter's name as the push gives it to vLLM (TRL ``_fix_param_name_to_vllm``)."""
-    for wrapper in TRAINER_WRAPPERS:
-        name = name.replace(wrapper, "")
-    return name[len("module."):] if name.startswith("module.") else name
-
-
-def trainer_params(model) -> dict:
-    params = {}
-    for name, p in model.named_parameters():
-        params.setdefault(trainer_name(name), p)
-    if "lm_head.weight" not in params and "model.embed_tokens.weight" in params:
-        params["lm_head.weight"] = params["model.embed_tokens.weight"]  # tied embeddings
-    return params
-
-
-def unverifiable_reason(model) -> "str | None":
-    if getattr(model, "peft_config", None) is not None or hasattr(model, "merge_adapter"):
-        return "PEFT model (the engine holds the merged adapters)"
-    for name, p in model.named_parameters():
-        if "_flat_param" in name or type(p).__name__ == "FlatParameter":
-            return "FSDP1 flat parameters"
-        break
+    kind, reason = getattr(decision, "decision", ""), getattr(decision, "reason", "") or ""
+    if kind in ("failed", "disabled"):
+        return f"{kind}: {reason}" if reason else kind
+    if kind == "stand down" and reason.startswith("upstream shape changed"):
+        return f"stand down: {reason}"
     return None
 
 
-class _Gathered:
-    """Full trainer tensors for the names given: ZeRO-3 gathered, FSDP2 DTensor made whole."""
+def _decisions() -> dict:
+    from shim.engine import registry
 
-    def __init__(self, params: dict, names):
-        self.params = params
-        self.names = list(dict.fromkeys(names))
-        self._ctx = None
-
-    def __enter__(self) -> dict:
-        sharded = [self.params[n] for n in self.names if hasattr(self.params[n], "ds_id")]
-        if sharded:
-            import deepspeed
-
-            self._ctx = deepspeed.zero.GatheredParameters(sharded, modifier_rank=None)
-            self._ctx.__enter__()
-        out = {}
-        for n in self.names:
-            p = self.params[n]
-            full = getattr(p, "full_tensor", None)  # FSDP2 DTensor (collective)
-            out[n] = (full() if callable(full) else p).detach()
-        return out
-
-    def __exit__(self, *exc):
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
-        return False
+    return registry.decisions()
 
 
-def _ravel_map(idx, shape: list, layout: dict, tensors: dict) -> list:
-    """Engine flat positions -> ``[(mask, trainer_name, trainer_flat)]`` through the layout."""
-    import torch
-
-    dim = layout["dim"]
-    strides = [1] * len(shape)
-    for k in range(len(shape) - 2, -1, -1):
-        strides[k] = strides[k + 1] * shape[k + 1]
-    coords = [(idx // strides[k]) % shape[k] for k in range(len(shape))]
-    out = []
-    for tname, e_start, length, t_start in layout["pieces"]:
-        t = tensors[tname]
-        tshape = list(t.shape) if t.dim() else [1]
-        if len(tshape) != len(shape) or any(tshape[k] != shape[k] for k in range(len(shape)) if k != dim) \
-                or t_start + length > tshape[dim]:
-            raise LookupError(f"{tname}: trainer shape {tshape} does not hold engine slice {shape} dim {dim}")
-        c = coords[dim]
-        mask = (c >= e_start) & (c < e_start + length)
-        flat = torch.zeros_like(idx)
-        tstr = 1
-        for k in range(len(shape) - 1, -1, -1):
-            ck = (c - e_start + t_start) if k == dim else coords[k]
-            flat += ck * tstr
-            tstr *= tshape[k]
-        out.append((mask, tname, flat))
-    return out
-
-
-class _Plan:
-    """Where the engine's sampled elements of one tensor lie in the trainer's tensors (computed once)."""
-
-    def __init__(self, desc: dict, tensors: dict, elements: int):
-        import torch
-
-        shape = desc["shape"] or [1]
-        numel = 1
-        for s in shape:
-            numel *= s
-        idx = sample_positions(numel, elements)
-        self.n = idx.numel()
-        self.dtype = getattr(torch, desc["dtype"])
-        self.covered = torch.zeros(self.n, dtype=torch.bool)
-        self.pieces = []
-        for mask, tname, flat in _ravel_map(idx, shape, desc["layout"], tensors):
-            if bool(mask.any()):
-                self.pieces.append((mask.nonzero().reshape(-1), tname, flat[mask]))
-                self.covered |= mask
-        self._on: dict = {}
-
-    def expected(self, tensors: dict):
-        """The trainer's bit patterns (rounded to the engine's dtype) at the sample, on the trainer's device."""
-        import torch
-
-        device = tensors[self.pieces[0][1]].device if self.pieces else "cpu"
-        want = torch.zeros(self.n, dtype=torch.int64, device=device)
-        for k, (pos, tname, flat) in enumerate(self.pieces):
-            t = tensors[tname].reshape(-1)
-            key = (k, str(t.device))
-            if key not in self._on:  # index tensors moved to the trainer's device once
-                self._on[key] = (pos.to(device), flat.to(t.device))
-            p, f = self._on[key]
-            want.index_copy_(0, p, bits(t.index_select(0, f).to(self.dtype)).to(device))  # no host sync
-        return want
-
-
-def expected_sums(desc: dict, tensors: dict) -> list:
-    """The trainer's :func:`checksum` per layout piece (device tensors), rounded to the engine's dtype first."""
-    import torch
-
-    layout, dtype = desc["layout"], getattr(torch, desc["dtype"])
-    sums = []
-    for tname, e_start, length, t_start in layout["pieces"]:
-        t = tensors[tname]
-        piece = t.reshape(1) if layout.get("scalar") else t.narrow(layout["dim"], t_start, length)
-        sums.extend(checksum(piece.to(dtype)))
-    return sums
-
-
-def _select(desc: dict, params: dict, mode: str) -> list:
-    """Engine parameter names to compare: all mapped ones (exact) or TENSORS matrices spread evenly."""
-    mapped = []
-    for name, d in desc["params"].items():
-        layout = d["layout"]
-        if layout is None or d["dtype"] not in _BITS:
-            continue
-        tnames = [piece[0] for piece in layout["pieces"]]
-        if not all(t in params for t in tnames):
-            continue
-        if mode == config.VERIFY_SAMPLE and (len(d["shape"]) < 2
-                                             or not all(params[t].requires_grad for t in tnames)):
-            continue
-        mapped.append(name)
-    if mode == config.VERIFY_EXACT or len(mapped) <= TENSORS:
-        return mapped
-    step = len(mapped) / TENSORS
-    return [mapped[int(i * step + step / 2)] for i in range(TENSORS)]
-
-
-def compare(results: list, descs: dict, names_by_rank: dict, params: dict, mode: str, plans: "dict | None" = None) -> list:
-    """Tensors (``"name (tp rank r)"``) whose fingerprint differs from the trainer's, on every worker.
-
-    ``plans`` (kept by the caller between generates) caches the sample's index maps."""
-    import torch
-
-    plans = {} if plans is None else plans
-    differ = []
-    if mode == config.VERIFY_EXACT:  # every tensor: gathered one at a time (ZeRO-3 / FSDP2), one host copy
-        for r in results:
-            rank, desc = r["rank"], descs[r["rank"]]
-            tag = f" (tp rank {rank})" if len(results) > 1 or rank else ""
-            sums, spans = [], []
-            for name in names_by_rank[rank]:
-                d = desc["params"][name]
-                with torch.no_grad(), _Gathered(params, [piece[0] for piece in d["layout"]["pieces"]]) as tensors:
-                    start = len(sums)
-                    for x in expected_sums(d, tensors):
-                        sums.append(x.to(sums[0].device) if sums else x)
-                spans.append((name, start, len(sums)))
-            want = torch.stack(sums).cpu().tolist() if sums else []
-            got = list(r.get("sums") or [])
-            for name, a, b in spans:
-                if got[a:b] != want[a:b]:
-                    differ.append(name + tag)
-        return differ
-    needed = set()
-    for r in results:
-        desc = descs[r["rank"]]
-        for name in names_by_rank[r["rank"]]:
-            needed.update(piece[0] for piece in desc["params"][name]["layout"]["pieces"])
-    with torch.no_grad(), _Gathered(params, sorted(needed)) as tensors:
-        for r in results:
-            rank, desc = r["rank"], descs[r["rank"]]
-            tag = f" (tp rank {rank})" if len(results) > 1 or rank else ""
-            names = names_by_rank[rank]
-            todo = []
-            for name in names:
-                key = (rank, name)
-                if key not in plans:
-                    plans[key] = _Plan(desc["params"][name], tensors, ELEMENTS)
-                todo.append(plans[key])
-            if not todo:
-                continue
-            want = torch.cat([p.expected(tensors) for p in todo]).cpu()
-            got = torch.as_tensor(r.get("values"), dtype=torch.int64).reshape(-1)
-            if got.numel() != want.numel():
-                differ.extend(n + tag for n in names)
-                continue
-            pos = 0
-            for name, plan in zip(names, todo):
-                mine, theirs = got[pos:pos + plan.n], want[pos:pos + plan.n]
-                pos += plan.n
-                if not torch.equal(mine[plan.covered], theirs[plan.covered]):
-                    differ.append(name + tag)
-    return differ
-
-
-# ---------------------------------------------------------------------------
-# reaching the workers
-# ---------------------------------------------------------------------------
-def _unwrap(llm):
-    seen = 0
-    while hasattr(llm, "__wrapped__") and seen < 8:
-        llm = llm.__wrapped__
-        seen += 1
-    return llm
-
-
-def vllm_engine(llm):
-    """vLLM's engine behind ``llm``: ``LLM.llm_engine``, ms-swift's ``VllmEngine.engine``, or ``llm``."""
-    llm = _unwrap(llm)
-    engine = getattr(llm, "llm_engine", None)
-    if engine is None:
-        inner = getattr(llm, "engine", None)
-        engine = inner if getattr(inner, "model_executor", None) is not None else llm
-    return engine
-
-
-def weights_asleep(llm) -> bool:
-    executor = getattr(vllm_engine(llm), "model_executor", None)
-    tags = getattr(executor, "sleeping_tags", None)
-    if isinstance(tags, (set, frozenset, list, tuple)):
-        return "weights" in tags and bool(getattr(executor, "is_sleeping", True))
-    return sleep_state.state_for(vllm_engine(llm)).weights_asleep
-
-
-def in_process_model(llm):
-    """The model of an in-process driver worker, or None (multiprocess executors)."""
-    engine = vllm_engine(llm)
-    worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
-    worker = getattr(worker, "worker", None) or worker  # WorkerWrapperBase (older vLLM)
-    runner = getattr(worker, "model_runner", None)
-    if runner is None:
+def not_running_reason(patch_id: str, decisions: "dict | None" = None) -> "str | None":
+    """Why the verify record ``patch_id`` is asked for (``SHIM_VERIFY_WEIGHTS`` on) but checks
+    nothing in this process, or None (running, not asked for, or not this release's record).
+    ``python -m shim status`` shows it as ``requested, not running: <why>``."""
+    if not patch_id.startswith("verify-weights") or not _requested():
         return None
-    get_model = getattr(runner, "get_model", None)  # unwraps vLLM's CUDA-graph wrapper
-    return get_model() if callable(get_model) else getattr(runner, "model", None)
+    decisions = _decisions() if decisions is None else decisions
+    own = decisions.get(patch_id)
+    mine = _down(own)
+    if mine:
+        return f"{patch_id} {mine}"
+    if getattr(own, "decision", "") != "applied":
+        return None
+    if patch_id != VLLM_RECORD and not patch_id.startswith(SELF_CHECKING):
+        partner = _down(decisions.get(VLLM_RECORD))
+        if partner:
+            return f"its engine half {VLLM_RECORD} {partner}: no check runs before LLM.generate/chat"
+    with _lock:
+        engines = dict(_reasons)
+    if engines:
+        return "; ".join(f"{name}: {why}" for name, why in sorted(engines.items()))
+    return None
 
 
-def run_on_workers(llm, request: dict) -> list:
-    """:func:`fingerprint` on every worker of ``llm``: in process, else ``LLM.apply_model``."""
-    import functools
-
-    model = in_process_model(llm)
-    if model is not None:
-        return [fingerprint(model, request)]
-    llm = _unwrap(llm)
-    apply_model = getattr(llm, "apply_model", None) or getattr(getattr(llm, "llm_engine", None), "apply_model", None)
-    if apply_model is None:
-        raise LookupError(f"{type(llm).__name__} has neither an in-process worker nor apply_model")
-    return list(apply_model(functools.partial(_fingerprint_of, request=request)))
+def _trainer_half_down(decisions: dict) -> "str | None":
+    for pid, d in sorted(decisions.items()):
+        if pid.startswith("verify-weights-") and pid != VLLM_RECORD:
+            why = _down(d)
+            if why:
+                return f"{pid} {why}"
+    return None
 
 
-def _fingerprint_of(model, request):
-    return fingerprint(model, request)
+def unverifiable(llm, target: "Target | None", why: str) -> None:
+    """One rollout that was asked to be verified and was not: counted; one WARNING per reason."""
+    name = engine_name(llm) if llm is not None else "?"
+    _count("unverifiable")
+    _warn_once(why, f"verify-weights {name}{f' ({target.site})' if target else ''}: verification requested "
+                    f"({config.SHIM_VERIFY_WEIGHTS}={os.environ.get(config.SHIM_VERIFY_WEIGHTS, '')}) but "
+                    f"not running: {why}; these rollouts count as shim/rollouts_unverifiable")
 
 
 # ---------------------------------------------------------------------------
@@ -558,25 +192,22 @@ class Target:
         self.site = site
         self.model_ref = None
         self.armed = 0
+        self.reached = 0           # before_generate calls while armed (an armed window without one: unverified)
         self.descs = None          # rank -> describe()
-        self.names = None          # rank -> engine names compared
+        self.mapped = None         # engine names compared (every worker holds the same names)
         self.mode = None
-        self.disabled = ""         # why this engine cannot be verified (said once)
+        self.disabled = ""         # why this engine cannot be verified
+        self.checks = 0            # checks made (the sample window's position)
         self.generates = 0
         self.stale = 0
         self.params = None         # the trainer's parameters by pushed name
-        self.plans: dict = {}      # (rank, name) -> _Plan
 
     def model(self):
         return self.model_ref() if self.model_ref is not None else None
 
 
-def _key(llm):
-    return vllm_engine(llm)
-
-
 def target_for(llm, create: bool = False, site: str = "") -> "Target | None":
-    key = _key(llm)
+    key = transport.vllm_engine(llm)
     with _lock:
         try:
             t = _targets.get(key)
@@ -588,10 +219,14 @@ def target_for(llm, create: bool = False, site: str = "") -> "Target | None":
 
 
 class armed:
-    """``with armed(llm, model, site):`` around a trainer's generate: the engine must equal ``model``."""
+    """``with armed(llm, model, site):`` around a trainer's generate: the engine must equal ``model``.
+
+    A window in which no check reached the engine (its vLLM half not applied, or the trainer
+    sampled through another path) is one unverifiable rollout."""
 
     def __init__(self, llm, model, site: str):
         self.target = None
+        self.llm = llm
         if llm is None or model is None:
             return
         self.target = target_for(llm, create=True, site=site)
@@ -605,26 +240,29 @@ class armed:
     def __enter__(self):
         if self.target is not None:
             self.target.armed += 1
+            self._reached = self.target.reached
         return self.target
 
-    def __exit__(self, *exc):
-        if self.target is not None:
-            self.target.armed -= 1
+    def __exit__(self, exc_type, *exc):
+        t = self.target
+        if t is None:
+            return False
+        t.armed -= 1
+        if t.armed == 0 and exc_type is None and t.reached == self._reached and _requested():
+            down = _down(_decisions().get(VLLM_RECORD))
+            unverifiable(self.llm, t, f"its engine half {VLLM_RECORD} {down}: no check runs before LLM.generate/chat"
+                         if down else "no LLM.generate/chat reached the engine while the trainer generated")
         return False
 
 
 def engine_name(llm) -> str:
-    state = sleep_state.state_for(vllm_engine(llm))
-    if state.engine:
-        return state.engine
-    key = id(_key(llm))
-    if key not in _names:
-        _names[key] = f"{type(_key(llm)).__name__}#{len(_names) + 1}"
-    return _names[key]
+    from shim.vllm import sleep_state
+
+    return sleep_state.engine_name(transport.vllm_engine(llm))
 
 
 def trainer_step() -> "int | None":
-    """The global step of the transformers ``Trainer`` up the call stack (only read for a WARNING)."""
+    """The global step of the transformers ``Trainer`` up the call stack."""
     frame = sys._getframe(1)
     for _ in range(60):
         if frame is None:
@@ -637,17 +275,20 @@ def trainer_step() -> "int | None":
     return None
 
 
-
 def before_generate(llm) -> None:
     """Called by the ``LLM.generate``/``chat`` wrapper: verify when a trainer armed this engine."""
-    target = target_for(llm)
-    if target is None or target.armed <= 0 or target.disabled:
-        return
-    try:
-        mode = config.verify_weights()
-    except config.ConfigError:
-        return
+    mode = _requested()
     if not mode:
+        return
+    target = target_for(llm)
+    if target is None or target.armed <= 0:
+        down = _trainer_half_down(_decisions())
+        if down:  # a trainer generates here, unarmed: its arming record could not apply
+            unverifiable(llm, None, f"{down}: this engine is never armed")
+        return
+    target.reached += 1
+    if target.disabled:
+        unverifiable(llm, target, target.disabled)
         return
     t0 = time.perf_counter()
     try:
@@ -655,70 +296,143 @@ def before_generate(llm) -> None:
     except StaleWeights:
         raise
     except Exception as exc:  # the check must never stop training
-        target.disabled = f"{type(exc).__name__}: {exc}"
-        log.warning(f"verify-weights {engine_name(llm)}: cannot verify ({target.disabled}); "
-                    "verification is off for this engine")
-        _count("unverifiable", time.perf_counter() - t0)
+        target.disabled = (str(exc) if isinstance(exc, transport.Unreachable)
+                           else f"the check failed ({type(exc).__name__}: {exc})")
+        with _lock:
+            _reasons.setdefault(engine_name(llm), target.disabled)
+        unverifiable(llm, target, target.disabled)
         return
     seconds = time.perf_counter() - t0
     if differ is None:
-        _count("unverifiable", seconds)
+        if target.disabled:
+            with _lock:
+                _reasons.setdefault(engine_name(llm), target.disabled)
+        unverifiable(llm, target, target.disabled or "the trainer model is gone")
         return
     target.generates += 1
+    step = trainer_step()
     if not differ:
         _count("verified", seconds)
-        log.debug(f"verify-weights {engine_name(llm)}: weights equal the trainer's ({mode}, {seconds * 1e3:.2f} ms)")
+        version = _tag(llm, step)
+        _trace(llm, target, mode, "verified", step, version, [], seconds)
+        if log.debugging():
+            log.debug(f"verify-weights {engine_name(llm)}: weights equal the trainer's at step "
+                      f"{'?' if step is None else step} (weight version {version or '-'}; {mode}, "
+                      f"{len(target.mapped) if mode == config.VERIFY_EXACT else compare.TENSORS} tensors, "
+                      f"{seconds * 1e3:.2f} ms)")
         return
     target.stale += 1
     _count("stale", seconds)
-    _report_stale(llm, target, differ, mode)
+    version = transport.weight_version(llm)
+    _trace(llm, target, mode, "stale", step, version, differ, seconds)
+    _report_stale(llm, target, differ, mode, step, version)
+
+
+def _tag(llm, step) -> "str | None":
+    """Tag the engine with the step its weights were just proven equal to (vLLM >= 0.27.0)."""
+    if step is None:
+        return transport.weight_version(llm)
+    try:
+        if transport.set_weight_version(llm, str(step)):
+            return str(step)
+    except Exception as exc:  # a tag is informative only
+        log.debug(f"verify-weights: set_weight_version failed: {exc!r}")
+    return None
+
+
+def _trace(llm, target, mode, verdict, step, version, differ, seconds) -> None:
+    path = config.trace_path()
+    if not path:
+        return
+    from shim.observe import events
+
+    rec = {"v": events.SCHEMA, "event": "verify", "t": time.time(), "seconds": seconds, "rank": log.rank(),
+           "local_rank": log.local_rank(), "pid": os.getpid(), "host": events.host(),
+           "engine": engine_name(llm), "site": target.site, "mode": mode, "verdict": verdict, "step": step,
+           "weight_version": version, "differing": differ[:SHOW]}
+    try:
+        events.write_trace(path, rec)
+    except OSError as exc:
+        _warn_once(f"trace {path}", f"{config.SHIM_TRACE}={path}: cannot append: {exc}")
 
 
 def _verify(llm, target: Target, mode: str) -> "list | None":
     model = target.model()
     if model is None:
         return None
-    name = engine_name(llm)
-    if weights_asleep(llm):
+    if transport.weights_asleep(llm):
         return ["(all: the engine's weights are asleep at generate)"]
     if target.descs is None or target.mode != mode:
-        reason = unverifiable_reason(model)
-        if reason:
-            target.disabled = reason
-            log.info(f"verify-weights {name}: not verified: {reason}")
+        if not _prepare(llm, target, model, mode):
             return None
-        results = run_on_workers(llm, {"describe": True})
-        target.descs = {r["rank"]: r["describe"] for r in results}
-        params = trainer_params(model)
-        target.names = {rank: _select(d, params, mode) for rank, d in target.descs.items()}
-        target.mode = mode
-        target.params = params
-        target.plans = {}
-        total = sum(len(d["params"]) for d in target.descs.values())
-        chosen = sum(len(v) for v in target.names.values())
-        if not chosen:
-            target.disabled = "no engine parameter matches a trainer parameter by name"
-            log.info(f"verify-weights {name}: not verified: {target.disabled}")
-            return None
-        what = "every element" if mode == config.VERIFY_EXACT else f"{ELEMENTS} strided elements each"
-        log.info(f"verify-weights {name} ({target.site}): comparing {chosen} of {total} engine tensors "
-                 f"({what}, {len(target.descs)} worker(s)) with the trainer's before each generate")
-    results = run_on_workers(llm, {"mode": mode, "names": _names_for_request(target), "elements": ELEMENTS})
-    return compare(results, target.descs, target.names, target.params, mode, target.plans)
+    exact = mode == config.VERIFY_EXACT
+    names = target.mapped if exact else compare.window(target.mapped, target.checks)
+    spec = None if exact else compare.sample(target.checks, len(target.mapped))
+    target.checks += 1
+    results = transport.run_on_workers(llm, {"names": names, "sample": spec})
+    return compare.compare(results, target.descs, names, target.params, spec)
 
 
-def _names_for_request(target: Target) -> list:
-    # Every worker holds the same parameter names (its own shards): the selection of rank 0 is everyone's.
-    first = min(target.names)
-    return target.names[first]
+def _prepare(llm, target: Target, model, mode: str) -> bool:
+    """Describe the engine once: which tensors are compared; say what cannot be."""
+    name = engine_name(llm)
+    reason = layout.unverifiable_reason(model)
+    if reason:
+        target.disabled = f"the trainer model cannot be compared: {reason}"
+        return False
+    results = transport.run_on_workers(llm, {"describe": True})
+    target.descs = {r["rank"]: r["describe"] for r in results}
+    params = layout.trainer_params(model)
+    first = target.descs[min(target.descs)]
+    good, bad = layout.mapped(first, params)
+    for rank, desc in target.descs.items():  # every worker holds the same names (its own shards)
+        ok, _ = layout.mapped(desc, params)
+        good = [n for n in good if n in set(ok)]
+    target.mode, target.params, target.mapped, target.checks = mode, params, good, 0
+    _note_bytes(target.descs, good, params)
+    total = len(first["params"])
+    if not good:
+        target.disabled = f"no engine tensor maps to a trainer tensor (of {total}; e.g. {', '.join(bad[:SHOW])})"
+        return False
+    if bad:
+        _warn_once(f"unmapped {name}", f"verify-weights {name}: {len(bad)} of {total} engine tensors map to no "
+                                       f"trainer tensor and are not verified: {', '.join(bad[:SHOW])}"
+                                       f"{' ...' if len(bad) > SHOW else ''}")
+    if mode == config.VERIFY_EXACT:
+        what = "every mapped tensor at every check"
+    else:
+        per = min(compare.TENSORS, len(good))
+        what = (f"{per} tensors per check (~{compare.ELEMENTS} elements each, strided rows), rotating: each "
+                f"within {math.ceil(len(good) / per)} consecutive checks")
+    log.info(f"verify-weights {name} ({target.site}): comparing {len(good)} of {total} engine tensors with the "
+             f"trainer's before each generate ({mode}: {what}; exact digests on the device; "
+             f"{len(target.descs)} worker(s), {transport.where(llm)})")
+    return True
 
 
-def _report_stale(llm, target: Target, differ: list, mode: str) -> None:
-    step = trainer_step()
+def _note_bytes(descs: dict, names: list, params: dict) -> None:
+    """What one exact check reads: every worker's mapped engine bytes, the trainer slices they map."""
+    import torch
+
+    engine = trainer = 0
+    for desc in descs.values():
+        for name in names:
+            d = desc["params"][name]
+            n = math.prod(d["shape"]) if d["shape"] else 1
+            engine += n * getattr(torch, d["dtype"]).itemsize
+            lay = d["layout"]
+            for piece in lay["pieces"]:
+                part = n if lay.get("scalar") else n // d["shape"][lay["dim"]] * piece[2]
+                trainer += part * params[piece[0]].element_size()
+    with _lock:
+        _read.update(engine=engine, trainer=trainer)
+
+
+def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -> None:
     shown = ", ".join(differ[:SHOW]) + (f" and {len(differ) - SHOW} more" if len(differ) > SHOW else "")
     message = (f"verify-weights {engine_name(llm)} ({target.site}): stale weights at step "
-               f"{'?' if step is None else step}: the engine is about to generate from weights that differ from "
-               f"the trainer's ({mode} fingerprint; first differing: {shown}); "
+               f"{'?' if step is None else step} (engine weight version {version or '-'}): the engine is about to "
+               f"generate from weights that differ from the trainer's ({mode} digests; first differing: {shown}); "
                f"stale at {target.stale} of {target.generates} verified generates of this engine. "
                "A weight push did not land: check `python -m shim status` (a patch disabled or standing down?)")
     if config.strict():

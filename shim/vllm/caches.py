@@ -61,7 +61,7 @@ def patch_active(patch_id: str) -> bool:
 def reset_encoder_caches(llm) -> list:
     """Reset the encoder and multi-modal caches of ``llm`` (a ``vllm.LLM`` or its engine) where
     the engine has them; returns the names of the caches reset. Never raises."""
-    engine = engines.engine_of(getattr(llm, "__wrapped__", llm))
+    engine = engines.engine_of(engines.unproxy(llm))
     done = []
     reset_encoder = getattr(engine, "reset_encoder_cache", None)
     if callable(reset_encoder):

@@ -30,8 +30,8 @@ def guard_init(wrapped, instance, args, kwargs):
     state = sleep_state.state_for(instance)
     token = alloc_guard.suspend(probe)
     try:
-        state.guarded_init = True
-        state.guard_saw = list(token.saw) if token is not None else []
+        state.measure.guarded_init = True
+        state.measure.guard_saw = list(token.saw) if token is not None else []
         return wrapped(*args, **kwargs)
     finally:
         alloc_guard.resume(token)

@@ -14,6 +14,26 @@ TAGS = ("weights", "kv_cache")
 """The sleep pool's tags, in vLLM's documented wake order."""
 
 
+def unproxy(handle):
+    """``handle`` without the proxies around it (the shim's synced ``LLM``: ``__wrapped__``)."""
+    seen = 0
+    while hasattr(handle, "__wrapped__") and seen < 8:
+        handle = handle.__wrapped__
+        seen += 1
+    return handle
+
+
+def unwrap(handle):
+    """vLLM's engine behind any handle the trainers hold: a proxy of the shim's (``__wrapped__``),
+    ``vllm.LLM`` (its ``llm_engine``), ms-swift's ``VllmEngine`` (its ``engine``), or the engine itself."""
+    handle = unproxy(handle)
+    engine = getattr(handle, "llm_engine", None)
+    if engine is None:
+        inner = getattr(handle, "engine", None)
+        engine = inner if getattr(inner, "model_executor", None) is not None else handle
+    return engine
+
+
 def engine_of(obj):
     """The object that owns the sleep state: ``LLM.llm_engine``, or the engine itself."""
     return getattr(obj, "llm_engine", None) or obj

@@ -1,6 +1,6 @@
 """First-sleep reset: a first sleep that freed nothing, re-checked after the warm-up.
 
-When the first sleep after construction was ineffective (``SleepState.reset`` =
+When the first sleep after construction was ineffective (``SleepState.measure.reset`` =
 ``"pending"``, set by ``shim.vllm.sleep_check``), the sleep after the warm-up (the
 first wake + generate cycle; the trainer issues it) is re-checked on the device.
 Effective: logged as recovered. Ineffective again: the shim re-issues it once
@@ -35,15 +35,15 @@ def reissue(engine, state, name, level, probe, sleep_again) -> tuple:
 
 
 def outcome(state, name, effective, tracked, freed, cause, reissued=False) -> None:
-    """Log the reset's result and record it in ``state.reset``; strict mode raises when unrecoverable."""
+    """Log the reset's result and record it in ``state.measure.reset``; strict mode raises when unrecoverable."""
     if effective:
-        state.reset = "recovered"
+        state.measure.reset = "recovered"
         how = "the re-issued sleep" if reissued else "the sleep"
         log.info(f"first-sleep reset {name}: after the warm-up {how} freed {events.gib(freed)} GiB of "
                  f"{events.gib(tracked)} GiB tracked; the first sleep's gap is closed")
         return
-    state.reset = "unrecoverable"
-    outside = None if state.engine_bytes is None else max(state.engine_bytes - tracked, 0)
+    state.measure.reset = "unrecoverable"
+    outside = None if state.measure.engine_bytes is None else max(state.measure.engine_bytes - tracked, 0)
     amount = "this engine's memory" if outside is None else f"{events.gib(outside)} GiB of this engine's memory"
     message = (f"first-sleep reset {name}: the sleep after the warm-up, re-issued, is still ineffective (the device got back "
                f"{events.gib(freed)} GiB, the pool tracked {events.gib(tracked)} GiB): {amount} was allocated outside "

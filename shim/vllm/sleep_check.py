@@ -40,15 +40,12 @@ user's setting back, so the next sleep and wake work as usual.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from contextlib import contextmanager
 
 from shim.engine import call_args, config, log
 from shim.observe import events
 from shim.vllm import alloc_guard, engines, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict, wake_plan
-
-_ids = itertools.count(1)
 
 
 class Measured:
@@ -59,12 +56,6 @@ class Measured:
 
     def __init__(self, tracked, freed, free, total, how):
         self.tracked, self.freed, self.free, self.total, self.how = tracked, freed, free, total, how
-
-
-def _name(engine, state) -> str:
-    if not state.engine:
-        state.engine = f"{type(engine).__name__}#{next(_ids)}"
-    return state.engine
 
 
 def _inner(state) -> bool:
@@ -126,26 +117,26 @@ def _init(wrapped, instance, args, kwargs, full_gc):
     seconds = time.perf_counter() - t0
     engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
-    if state.built:  # the engine's own check recorded it (LLM.__init__ builds an LLMEngine inside)
+    if state.measure.built:  # the engine's own check recorded it (LLM.__init__ builds an LLMEngine inside)
         return result
-    state.built = True
-    name = _name(engine, state)
+    state.measure.built = True
+    name = sleep_state.engine_name(engine)
     mode = engines.sleep_mode(engine)
-    state.sleep_mode = want if mode is None else mode
-    state.init_routes = routes or list(state.guard_saw)  # guard_saw: this check ran inside the guard
+    state.measure.sleep_mode = want if mode is None else mode
+    state.measure.init_routes = routes or list(state.measure.guard_saw)  # guard_saw: this check ran inside the guard
     if probe is None:
         return result
     free1, total = memory.read_settled(probe)
-    state.engine_bytes = max(free0 - free1, 0)
+    state.measure.engine_bytes = max(free0 - free1, 0)
     tracked = sleep_pool.tracked_bytes(probe)
-    state.tracked_bytes = tracked
+    state.measure.tracked_bytes = tracked
     note = []
-    if not state.sleep_mode:
+    if not state.measure.sleep_mode:
         note.append("built without enable_sleep_mode: sleep cannot free it")
-    if state.init_routes:
-        note.append(f"expandable segments on via {', '.join(state.init_routes)}"
-                    + ("; off during construction (shim guard)" if state.guarded_init else "; NOT guarded"))
-    events.emit("init", name, seconds, taken=state.engine_bytes, tracked=tracked, asleep=[],
+    if state.measure.init_routes:
+        note.append(f"expandable segments on via {', '.join(state.measure.init_routes)}"
+                    + ("; off during construction (shim guard)" if state.measure.guarded_init else "; NOT guarded"))
+    events.emit("init", name, seconds, taken=state.measure.engine_bytes, tracked=tracked, asleep=[],
                    free=free1, total=total, note="; ".join(note))
     return result
 
@@ -175,9 +166,9 @@ def check_sleep(wrapped, instance, args, kwargs):
 
 
 def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
-    name = _name(engine, state)
-    if state.sleep_mode is None:
-        state.sleep_mode = engines.sleep_mode(engine)
+    name = sleep_state.engine_name(engine)
+    if state.measure.sleep_mode is None:
+        state.measure.sleep_mode = engines.sleep_mode(engine)
     asleep = wake_plan.asleep_tags(engine)
     note = ""
     if asleep and asleep >= set(engines.TAGS):
@@ -198,33 +189,33 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
     if read:  # a device reading: the verdict on exact figures
         tracked = sleep_pool.tracked_bytes(probe, exact=True)
     result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
-    first = state.sleeps == 0
-    state.sleeps += 1
+    first = state.measure.sleeps == 0
+    state.measure.sleeps += 1
     if m.freed is None:  # the executor did not report every tag asleep: nothing to judge from the pool
         effective, cause, fix = None, "", ""
-        state.read_next = True
+        state.schedule.read_next = True
         note = "; ".join(x for x in (note, "not verified: vLLM does not report every tag asleep after this sleep; "
                                            "the next sleep reads the device") if x)
     else:
         effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed)
-        state.read_next = not effective
+        state.schedule.read_next = not effective
     shim_s = (t0 - entered) + (time.perf_counter() - t1)
     events.emit("sleep", name, t1 - t0, level=level, tracked=m.tracked, freed=m.freed, effective=effective,
                    asleep=sorted(state.asleep), free=m.free, total=m.total, measured=m.how, note=note, shim_s=shim_s)
     if effective is None:
         return result
-    resolving = state.reset == "pending" and bool(state.wakes) and not first
+    resolving = state.measure.reset == "pending" and bool(state.measure.wakes) and not first
     if not effective:
-        state.ineffective += 1
-    if not effective and not resolving and state.reset != "unrecoverable":  # that WARNING said it for every sleep
-        held = "" if state.engine_bytes is None else f", the engine took {events.gib(state.engine_bytes)} GiB"
+        state.measure.ineffective += 1
+    if not effective and not resolving and state.measure.reset != "unrecoverable":  # that WARNING said it for every sleep
+        held = "" if state.measure.engine_bytes is None else f", the engine took {events.gib(state.measure.engine_bytes)} GiB"
         later = (" The shim re-checks at the sleep after the warm-up (first wake + generate)."
-                 if first and state.sleep_mode else "")
+                 if first and state.measure.sleep_mode else "")
         log.warning(f"ineffective sleep {name} level={level}: the device got back {events.gib(m.freed)} GiB, "
                     f"the sleep pool tracked {events.gib(m.tracked)} GiB{held}; likely cause: {cause}; "
                     f"fix: {fix}.{later}")
-    if first and not effective and state.sleep_mode:
-        state.reset = "pending"
+    if first and not effective and state.measure.sleep_mode:
+        state.measure.reset = "pending"
     elif resolving:
         tracked, freed = m.tracked, m.freed
         reissued = not effective
@@ -241,9 +232,9 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
                     raise
                 log.warning(f"first-sleep reset {name}: re-issuing the sleep failed ({type(exc).__name__}: {exc}); "
                             f"the engine stays as that call left it")
-                state.reset = "failed"
+                state.measure.reset = "failed"
                 return result
-            state.read_next = not effective
+            state.schedule.read_next = not effective
         first_sleep_reset.outcome(state, name, effective, tracked, freed, cause, reissued)
     return result
 
@@ -265,16 +256,16 @@ def _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked,
     if read:
         free1, total = after
         m = Measured(tracked, max(free1 - free0, 0), free1, total, "device")
-        state.levels_read.add(level)
-        state.since_reading = 0
-        state.reading_tracked = tracked
+        state.schedule.levels_read.add(level)
+        state.schedule.since_reading = 0
+        state.schedule.reading_tracked = tracked
     else:  # the pool released every handle it tracks once the executor reports every tag asleep
         asleep = _executor_asleep(engine)
         if asleep is False:
             sleep_state.resync(engine)
         m = Measured(tracked, None if asleep is False else tracked, None, None, "pool")
-        state.since_reading += 1
-    state.tracked_bytes, state.freed_bytes, state.measured = m.tracked, m.freed, m.how
+        state.schedule.since_reading += 1
+    state.measure.tracked_bytes, state.measure.freed_bytes, state.measure.measured = m.tracked, m.freed, m.how
     return result, t0, t1, m
 
 
@@ -298,14 +289,14 @@ def check_wake(wrapped, instance, args, kwargs):
         sleep_state.note_wake(engine, tags)
         return result
     with _calling(state) as call:
-        name = _name(engine, state)
+        name = sleep_state.engine_name(engine)
         do_call, pass_tags, woken = wake_plan.plan(engine, tags)
         if not do_call:
             log.debug(f"wake {name} tags={tags}: all awake already, call skipped (vLLM would ignore it)")
             return None
         if woken and not _vllm_releases_before_wake():
             memory.release_cached(probe)
-        read = probe is not None and bool(woken) and state.measured != "pool"  # as the sleep before it
+        read = probe is not None and bool(woken) and state.measure.measured != "pool"  # as the sleep before it
         free0 = probe.mem_get_info()[0] if read else None
         t0 = time.perf_counter()
         try:
@@ -318,7 +309,7 @@ def check_wake(wrapped, instance, args, kwargs):
         seconds = t1 - t0 - guard_s
         sleep_state.note_wake(engine, woken if tags is not None else None)
         if woken:
-            state.wakes += 1
+            state.measure.wakes += 1
         if probe is not None and woken:
             note = "" if pass_tags == tags else f"asked {','.join(tags)}: the others were awake"
             if read:

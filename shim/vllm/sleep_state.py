@@ -13,23 +13,27 @@ module records, per engine:
 - ``weights_pushed``: True once the trainer's weights were written after the
   last invalidation (False after a reload from disk, which brings back the
   initial checkpoint, not the trained weights);
-- ``tracked_bytes`` / ``freed_bytes``: what the sleep pool tracked before the
+- ``measure.tracked_bytes`` / ``measure.freed_bytes``: what the sleep pool tracked before the
   last sleep and what that sleep freed (filled in by ``shim.vllm.sleep_check``;
   ``freed_bytes`` is None until a sleep was measured; ``measured`` says how:
   ``"device"`` (``mem_get_info`` before and after) or ``"pool"`` (the pool's
   own bookkeeping: see ``shim.vllm.sleep_verdict``).
 
-Filled in by the sleep check (``shim.vllm.sleep_check``) for telemetry and the
-first-sleep reset: ``engine`` (a short id, ``LLMEngine#1``), ``built`` (its
+The fields are grouped by job: the lifecycle above on the state itself (with ``engine``,
+a short id such as ``LLMEngine#1``, and ``call``), ``measure`` (:class:`Measurement`: the
+byte figures above and what follows) and ``schedule`` (:class:`ReadSchedule`).
+
+Filled in by the sleep check (``shim.vllm.sleep_check``) in ``measure``, for telemetry and the
+first-sleep reset: ``built`` (its
 construction was recorded), ``sleep_mode`` (built with ``enable_sleep_mode``;
 None if built before the shim was active), ``engine_bytes`` (device memory the
 construction took), ``init_routes`` (the expandable-segments routes that were
 on at construction), ``ineffective`` (count of ineffective sleeps), ``reset``
 (first-sleep reset: ``""``, ``"pending"``, ``"recovered"``, ``"unrecoverable"``,
-``"failed"``), ``wakes`` (count), and the device-reading schedule
+``"failed"``), ``wakes`` (count); in ``schedule``, when the device is read next
 (``levels_read``, ``since_reading``, ``reading_tracked``, ``read_next``).
 
-Filled in by the allocator guard's wrappers (``shim.vllm.engine_guard``):
+Filled in by the allocator guard's wrappers (``shim.vllm.engine_guard``), in ``measure``:
 ``guarded_init`` (the construction ran inside the allocator guard) and
 ``guard_saw`` (the routes it turned off there).
 
@@ -44,6 +48,7 @@ sleep and wake to its ``llm_engine``.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -53,30 +58,48 @@ from shim.vllm.engines import TAGS, engine_of, reported_asleep
 
 
 @dataclass
-class SleepState:
-    asleep: set = field(default_factory=set)
-    level: Optional[int] = None
-    weights_valid: bool = True
-    weights_pushed: bool = False
-    tracked_bytes: int = 0
-    freed_bytes: Optional[int] = None
-    sleeps: int = 0
-    engine: str = ""
+class Measurement:
+    """What the sleep check measured and decided for one engine (``SleepState.measure``)."""
+
+    built: bool = False
     sleep_mode: Optional[bool] = None
     engine_bytes: Optional[int] = None
     init_routes: list = field(default_factory=list)
     guarded_init: bool = False
+    guard_saw: list = field(default_factory=list)
+    tracked_bytes: int = 0
+    freed_bytes: Optional[int] = None
+    measured: str = ""
+    sleeps: int = 0
+    wakes: int = 0
     ineffective: int = 0
     reset: str = ""
-    wakes: int = 0
-    built: bool = False
-    guard_saw: list = field(default_factory=list)
-    measured: str = ""
+
+
+@dataclass
+class ReadSchedule:
+    """When the sleep check reads the device next (``SleepState.schedule``; ``shim.vllm.sleep_verdict``)."""
+
     levels_read: set = field(default_factory=set)
     since_reading: int = 0
     reading_tracked: int = 0
     read_next: bool = False
+
+
+@dataclass
+class SleepState:
+    """One engine's sleep lifecycle (which tags are asleep, at what level, are the weights the
+    trainer's), its ``measure`` (:class:`Measurement`) and its device-reading ``schedule``
+    (:class:`ReadSchedule`)."""
+
+    asleep: set = field(default_factory=set)
+    level: Optional[int] = None
+    weights_valid: bool = True
+    weights_pushed: bool = False
+    engine: str = ""
     call: "Optional[Call]" = None
+    measure: Measurement = field(default_factory=Measurement)
+    schedule: ReadSchedule = field(default_factory=ReadSchedule)
 
     @property
     def weights_asleep(self) -> bool:
@@ -109,6 +132,19 @@ class Call:
 _lock = threading.Lock()
 _states: "weakref.WeakKeyDictionary[Any, SleepState]" = weakref.WeakKeyDictionary()
 _by_id: dict = {}  # fallback for engines that cannot be weakly referenced
+
+
+_ids = itertools.count(1)
+
+
+def engine_name(obj: Any) -> str:
+    """The engine's short id in every log line, trace record and verification line (``LLMEngine#1``)."""
+    state = state_for(obj)
+    if not state.engine:
+        with _lock:
+            if not state.engine:
+                state.engine = f"{type(engine_of(obj)).__name__}#{next(_ids)}"
+    return state.engine
 
 
 def state_for(obj: Any) -> SleepState:

@@ -70,37 +70,37 @@ def reading_due(state, level: int, tracked: int, every: int) -> "str | None":
     """Why this sleep must read the device (see the module doc), or None: the pool's bookkeeping will do."""
     if every <= 1:
         return "every sleep"
-    if level not in state.levels_read:
+    if level not in state.schedule.levels_read:
         return "first sleep at this level"
-    if state.reset == "pending":
+    if state.measure.reset == "pending":
         return "first-sleep reset re-check"
-    if state.read_next:
+    if state.schedule.read_next:
         return "the previous sleep was ineffective or unverified"
     if tracked < NOTHING:
         return "the pool tracks about nothing"
-    held = state.engine_bytes
+    held = state.measure.engine_bytes
     if held is not None and held >= NOTHING and tracked * 2 < held:
         return "the pool tracks less than half of what the engine took"
-    if abs(tracked - state.reading_tracked) > DRIFT * max(state.reading_tracked, 1):
+    if abs(tracked - state.schedule.reading_tracked) > DRIFT * max(state.schedule.reading_tracked, 1):
         return "the pool changed since the last device reading"
-    if state.since_reading + 1 >= every:
+    if state.schedule.since_reading + 1 >= every:
         return f"every {every}th sleep"
     return None
 
 
 def judge(state, tracked: int, freed: int) -> tuple:
     """``(effective, likely cause, fix)`` of one sleep."""
-    holds = state.engine_bytes
+    holds = state.measure.engine_bytes
     if tracked < NOTHING:
         if holds is not None and holds < NOTHING:
             return True, "", ""
-        if state.sleep_mode is False:
+        if state.measure.sleep_mode is False:
             return (False, "engine built without enable_sleep_mode (nothing was allocated in the sleep pool)",
                     "build it with enable_sleep_mode=True (TRL: vllm_enable_sleep_mode=True; ms-swift: "
                     "--sleep_level 1 or 2)")
-        if state.init_routes and not state.guarded_init:
+        if state.measure.init_routes and not state.measure.guarded_init:
             return (False, f"expandable segments were on when the engine allocated its memory "
-                           f"({', '.join(state.init_routes)}), so it landed outside the sleep pool (pytorch#147851)",
+                           f"({', '.join(state.measure.init_routes)}), so it landed outside the sleep pool (pytorch#147851)",
                     "keep the shim's vllm-sleep-guard patch on, or launch with expandable_segments:False in "
                     "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF")
         return (False, "the sleep allocator instance tracks nothing (CuMemAllocator/CaMemAllocator singleton "

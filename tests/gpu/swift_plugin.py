@@ -367,7 +367,7 @@ def _cpu_standin():
     # patch_vllm_load_adapter patches (vLLM 0.10.2's API), LoRA layers (``<module>.base_layer.weight``) and
     # applies the adapter at generate: nothing to stand in here.
     # deepspeed's CPU accelerator JIT-compiles a shared-memory all-reduce op with g++ (60-90 s) that only
-    # speeds up CPU collectives (as tests/test_swift_gkd.py does).
+    # speeds up CPU collectives (as tests/patches/swift_gkd_teacher_zero3/test_swift_gkd.py does).
     try:
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     except ImportError:

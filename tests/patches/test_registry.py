@@ -17,7 +17,7 @@ def test_every_patch_module_has_a_contract_test_file_and_a_target():
     on_disk = {f[:-3] for f in os.listdir(REPO / "patches") if f.endswith(".py") and f != "__init__.py"}
     assert modules == on_disk, "every patches/*.py is in INDEX and every INDEX module exists"
     for module in modules:
-        assert (REPO / "tests" / "patches" / f"test_{module}.py").exists(), module
+        assert (REPO / "tests" / "patches" / module / "test_contract.py").exists(), module
     missing = [pid for pid, where in targets().items() if not where]
     assert not missing, f"records without tested_at (where the generated contract tests them): {missing}"
     assert set(targets()) == set(catalog.ids())

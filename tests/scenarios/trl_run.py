@@ -2,7 +2,7 @@
 
     python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
-        [--rollout default|openenv]
+        [--rollout default|openenv] [--skip-push NAME]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
@@ -36,6 +36,12 @@ def parse():
     p.add_argument("--rollout", choices=("default", "openenv"), default="default",
                    help="openenv: GRPO with a rollout_func that calls TRL's own "
                         "trl.experimental.openenv.utils.generate_rollout_completions (0.26-1.8)")
+    p.add_argument("--skip-push", default="",
+                   help="fault injection: every push into the engine (the stand-in model's load_weights) leaves "
+                        "this tensor out, as a push that misses one tensor does (level 2 leaves it discarded)")
+    p.add_argument("--drop-llm-chat", action="store_true",
+                   help="an LLM without chat (a vLLM shape the verify-weights-vllm probe does not accept); "
+                        "use with --shim after so the class is changed before the shim's hook sees it")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -74,6 +80,8 @@ def main():
               "online_dpo": "trl.experimental.online_dpo.online_dpo_trainer",
               "gold": "trl.experimental.gold.gold_trainer"}[a.trainer]
     mod = __import__(module, fromlist=["x"])
+    if a.drop_llm_chat:
+        del LLM.chat
     if a.shim == "after":
         import shim.auto  # noqa: F401,F811
 
@@ -142,8 +150,18 @@ def main():
 
         setattr(LLM, method, instrumented)
 
+    if a.skip_push:
+        from vllm.v1.worker.gpu_model_runner import VllmModelMixin  # the stand-in model's load_weights
+
+        push = VllmModelMixin.load_weights
+
+        def partial_push(self, weights):
+            return push(self, [(n, w) for n, w in weights if n != a.skip_push])
+
+        VllmModelMixin.load_weights = partial_push
     observe("generate")
-    observe("chat")
+    if hasattr(LLM, "chat"):
+        observe("chat")
     import logging
 
     warnings = []
@@ -182,6 +200,9 @@ def main():
         "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
                    if "shim.verify.weights" in sys.modules else None),
         "shim_log": shim_log,
+        "not_running": ({pid: sys.modules["shim.verify.weights"].not_running_reason(pid)
+                         for pid in registry.decisions() if pid.startswith("verify-weights")}
+                        if "shim.verify.weights" in sys.modules else None),
     }
     print(json.dumps(summary))
 

@@ -1,7 +1,7 @@
 """The patch contract, generated for every registered patch (as ddtrace's ``PatchTestCase``).
 
 ``contract_tests("<patch module>")`` returns the test functions for one patch module; each
-``tests/patches/test_<module>.py`` binds them. Every case runs in its own process
+``tests/patches/<module>/test_contract.py`` binds them. Every case runs in its own process
 (``contract_child.py`` imports torch and transformers once per release, for every patch that
 release tests, then forks one process per case, before anything of the shim or the patched
 upstream module is imported; the cases that import upstream first fork from a parent that

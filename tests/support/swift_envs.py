@@ -85,7 +85,7 @@ _SERIES = {
 # the venv's marker; a cached venv whose marker lacks one gets it installed in place (_upgrade),
 # instead of a rebuild. Append here whenever a series' package list grows.
 _ADDED = {
-    "4.6": ("megatron-core",),  # swift.megatron.trainers.rollout_mixin (tests/test_swift_megatron.py)
+    "4.6": ("megatron-core",),  # swift.megatron.trainers.rollout_mixin (tests/patches/swift_expandable_segments/test_swift_megatron.py)
 }
 _VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _MARKER = ".complete"

@@ -15,10 +15,7 @@ import threading
 import pytest
 
 from tests.support.helpers import REPO, clean_env, last_json, run_python
-
-FAKEVLLM = REPO / "tests" / "fakevllm"
-GiB = 1 << 30
-VALUE = "max_split_size_mb:128,expandable_segments:True"
+from tests.support.vllm_scenario import FAKEVLLM, PRELUDE, VALUE, GiB, scenario  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -26,48 +23,6 @@ def model_dir(tmp_path_factory):
     from tests.tiny import make_tiny_model
 
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
-
-
-PRELUDE = """
-import json, os, sys
-if os.environ.get("TEST_SHIM") == "1":
-    import shim.auto
-import torch, vllm
-from vllm import LLM, SamplingParams
-dev = vllm._fake.device.DEVICE
-mem = torch.npu if vllm._fake.DEVICE_TYPE == "npu" else torch.cuda
-MODEL = os.environ["TEST_MODEL"]
-R = {}
-def new_llm(**kw):
-    kw.setdefault("enable_sleep_mode", True)
-    kw.setdefault("gpu_memory_utilization", 0.5)
-    kw.setdefault("distributed_executor_backend", "external_launcher")
-    return LLM(model=MODEL, **kw)
-def free():
-    return dev.mem_get_info()[0]
-def tracked():
-    if vllm._fake.DEVICE_TYPE == "npu":
-        from vllm_ascend.device_allocator.camem import CaMemAllocator as A
-    else:
-        from vllm.device_allocator.cumem import CuMemAllocator as A
-    return A.instance.get_current_usage() if A.instance is not None else 0
-SP = SamplingParams(max_tokens=3, temperature=0.0)
-def gen(llm):
-    return llm.generate([{"prompt_token_ids": [3, 10, 11]}], SP, use_tqdm=False)[0].outputs[0].token_ids
-"""
-
-
-def scenario(model_dir, body: str, shim: bool, check: bool = True, **env):
-    base = clean_env()
-    for k in list(base):
-        if k.startswith(("FAKEVLLM_", "PYTORCH_")) or k in ("RANK", "LOCAL_RANK"):
-            del base[k]
-    base.update(VLLM_LOGGING_LEVEL="ERROR", TEST_MODEL=model_dir, TEST_SHIM="1" if shim else "0")
-    base.update({k: str(v) for k, v in env.items()})
-    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(R))\n"
-    proc = run_python(code, path=[FAKEVLLM], env=base, check=check)
-    return (last_json(proc) if proc.returncode == 0 else None), proc
-
 
 # ---------------------------------------------------------------------------
 # ms-swift #6636: level 1, expandable segments on through every route
@@ -134,7 +89,7 @@ def test_issue_6636_every_route(model_dir, route):
     assert on["live"] is True
     assert "INEFFECTIVE" not in proc.stderr and "WARNING" not in proc.stderr
     # the first sleep at INFO, the second DEBUG unless it is the first checked from the pool's bookkeeping
-    # (tests/test_log_volume.py); the summary counts each once
+    # (tests/unit/test_log_volume.py); the summary counts each once
     assert proc.stderr.count("] INFO sleep LLMEngine#1 level=1: freed") == 1 + proc.stderr.count("pool's bookkeeping")
     assert "sleep summary rank 0: 2 sleeps, 0 ineffective" in proc.stderr
 
@@ -250,10 +205,10 @@ def test_reset_recovered_branch():
     code = textwrap.dedent("""
         from shim.vllm import first_sleep_reset
         from shim.vllm import sleep_state
-        s = sleep_state.SleepState(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1)
+        s = sleep_state.SleepState(measure=sleep_state.Measurement(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1))
         first_sleep_reset.outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
         first_sleep_reset.outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
-        print(s.reset)
+        print(s.measure.reset)
     """)
     proc = run_python(code)
     assert proc.stdout.strip() == "recovered"
@@ -368,7 +323,7 @@ def test_report_bad_input(tmp_path):
     assert "cannot read" in missing.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"event": "sleep", "t": 1, "engine": "E#1"}\n{not json\n')
-    proc = _shim_cli("report", str(bad))  # a bad line is skipped and counted (tests/test_report.py)
+    proc = _shim_cli("report", str(bad))  # a bad line is skipped and counted (tests/unit/test_report.py)
     assert proc.returncode == 0 and proc.stderr.strip() == (
         f"shim: report: skipped 1 line(s) that are not whole trace records ({bad}:2: not a JSON line "
         f"(Expecting property name enclosed in double quotes))")

@@ -18,14 +18,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.support import swift_envs
-from tests.support.helpers import rendezvous_port
+from tests.support.helpers import (
+    REPO,  # noqa: E402
+    rendezvous_port,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 # 3.10.0 differs from 3.10.1 only in the teacher's model_type detection; SWIFT_GKD_VERSIONS adds it (CI time)
 VERSIONS = [v for v in os.environ.get("SWIFT_GKD_VERSIONS", "3.10.1,4.6.0").split(",") if v]
 GB = 10**9

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from tests.test_vllm_guard import scenario
+from tests.support.vllm_scenario import scenario
 
 GiB = 1 << 30
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_vllm_guard import VALUE, scenario
+from tests.support.vllm_scenario import VALUE, scenario
 
 
 @pytest.fixture(scope="module")

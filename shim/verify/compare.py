@@ -1,0 +1,165 @@
+"""Which tensors to compare at a check, their digests on both sides, and which differ.
+
+Both sides go through :mod:`shim.verify.digest` where their tensors live: the engine's
+pieces (its own dtype) on each worker, the trainer's matching slices rounded to the
+engine's dtype (what the push's ``param.copy_`` does: float32 master weights and a bf16
+engine compare equal) on the trainer's device. Only the digests (``COLS`` integers per
+piece) cross devices and processes.
+
+``exact``: every mapped tensor at every check. ``sample``: :data:`TENSORS` of them per
+check, a different slice each time (:func:`window`): every mapped tensor is compared
+within ``ceil(mapped / TENSORS)`` consecutive checks; of each, about :data:`ELEMENTS`
+elements: evenly strided rows of its leading dimension (:func:`rows`), the starting row
+moving on by one at each pass over the slices, so repeated passes cover every row.
+
+Sharded trainers: under DeepSpeed ZeRO-3 the trainer tensors of one engine tensor are gathered at a time (``deepspeed.zero.GatheredParameters``, a collective: every rank
+verifies the same tensors at the same generate); FSDP2 ``DTensor`` parameters through
+``full_tensor()`` (likewise).
+"""
+from __future__ import annotations
+
+from shim.verify import digest, layout
+
+TENSORS = 8
+"""Tensors compared per check in ``sample`` mode."""
+ELEMENTS = 1 << 16
+"""Elements compared per tensor in ``sample`` mode (whole leading-dimension rows, at least one)."""
+
+
+def rows(view, elements: int, phase: int):
+    """Rows ``phase % stride, + stride, ...`` of ``view``'s leading dimension (a view): about
+    ``elements`` elements, ``stride = ceil(rows / (elements // row size))``."""
+    if view.dim() == 0 or view.shape[0] <= 1:
+        return view
+    per_row = max(1, view.numel() // view.shape[0])
+    take = max(1, elements // per_row)
+    stride = -(-view.shape[0] // take)
+    return view[phase % stride::stride] if stride > 1 else view
+
+
+def sample(check: int, mapped: int, per: "int | None" = None) -> list:
+    """The ``sample`` request of check number ``check``: ``[elements, phase]`` (the phase is the
+    number of whole passes over the slices before it)."""
+    per = TENSORS if per is None else per
+    return [ELEMENTS, check // max(1, -(-mapped // per))]
+
+
+def window(mapped: list, check: int, per: "int | None" = None) -> list:
+    """The names of check number ``check`` (0, 1, ...): ``per`` consecutive names, the next
+    ``per`` at the next check, wrapping, so any ``ceil(len(mapped) / per)`` consecutive
+    checks cover every name."""
+    per = TENSORS if per is None else per
+    n = len(mapped)
+    if n <= per:
+        return list(mapped)
+    start = (check * per) % n
+    return [mapped[(start + k) % n] for k in range(per)]
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+# ---------------------------------------------------------------------------
+# engine side (inside each worker)
+# ---------------------------------------------------------------------------
+def fingerprint(model, request: dict) -> dict:
+    """Run on one worker: ``request = {"describe": bool, "names": [...], "sample": None or
+    [elements, phase]}``.
+
+    ``describe``: this worker's :func:`shim.verify.layout.describe`; ``digests``: for each
+    name, one digest per layout piece (lists of ints)."""
+    out = {"rank": layout.tp_rank(model)}
+    desc = layout.describe(model) if request.get("describe") or request.get("names") else None
+    if request.get("describe"):
+        out["describe"] = desc
+    names = request.get("names") or []
+    if not names:
+        return out
+    params = dict(model.named_parameters())
+    spec = request.get("sample")
+    views, owners = [], []
+    for name in names:
+        pieces = layout.engine_views(params[name], desc["params"][name]["layout"])
+        views.extend(rows(v, *spec) if spec else v for v in pieces)
+        owners.append(len(pieces))
+    flat = digest.digests(views)
+    out["digests"], pos = [], 0
+    for n in owners:
+        out["digests"].append(flat[pos:pos + n])
+        pos += n
+    return out
+
+
+# ---------------------------------------------------------------------------
+# trainer side
+# ---------------------------------------------------------------------------
+class Gathered:
+    """Full trainer tensors for the names given: ZeRO-3 gathered, FSDP2 DTensor made whole."""
+
+    def __init__(self, params: dict, names):
+        self.params = params
+        self.names = list(dict.fromkeys(names))
+        self._ctx = None
+
+    def __enter__(self) -> dict:
+        sharded = [self.params[n] for n in self.names if hasattr(self.params[n], "ds_id")]
+        if sharded:
+            import deepspeed
+
+            self._ctx = deepspeed.zero.GatheredParameters(sharded, modifier_rank=None)
+            self._ctx.__enter__()
+        out = {}
+        for n in self.names:
+            p = self.params[n]
+            full = getattr(p, "full_tensor", None)  # FSDP2 DTensor (collective)
+            out[n] = (full() if callable(full) else p).detach()
+        return out
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+        return False
+
+
+def trainer_digests(desc: dict, names: list, params: dict, spec=None) -> list:
+    """What :func:`fingerprint` must return for ``names`` (and the ``sample`` request ``spec``)
+    on the worker ``desc`` describes, computed from the trainer's tensors (one digest per
+    piece, per name; the trainer tensors of one name gathered at a time)."""
+    parts, owners = [], []
+    for name in names:
+        d = desc["params"][name]
+        lay, dtype = d["layout"], _dtype(d["dtype"])
+        with Gathered(params, [piece[0] for piece in lay["pieces"]]) as tensors:
+            for piece in lay["pieces"]:
+                t = tensors[piece[0]]
+                if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
+                    raise LookupError(f"{piece[0]}: trainer shape {list(t.shape)} does not hold rows "
+                                      f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
+                view = layout.trainer_view(t, lay, piece)
+                parts.append(digest.partials(rows(view, *spec) if spec else view, dtype))
+        owners.append(len(lay["pieces"]))
+    flat = digest.collect(parts)
+    out, pos = [], 0
+    for n in owners:
+        out.append(flat[pos:pos + n])
+        pos += n
+    return out
+
+
+def compare(results: list, descs: dict, names: list, params: dict, spec=None) -> list:
+    """Tensors (``"name (tp rank r)"``) whose digests differ from the trainer's, on every worker
+    (``spec``: the ``sample`` request the workers were given)."""
+    differ = []
+    for r in results:
+        rank = r["rank"]
+        tag = f" (tp rank {rank})" if len(results) > 1 or rank else ""
+        want = trainer_digests(descs[rank], names, params, spec)
+        got = r.get("digests") or []
+        if len(got) != len(want):
+            differ.extend(n + tag for n in names)
+            continue
+        differ.extend(n + tag for n, a, b in zip(names, got, want) if a != b)
+    return differ
