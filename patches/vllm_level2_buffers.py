@@ -1,19 +1,33 @@
-"""Waking kv_cache before weights after a level-2 sleep loses the saved buffers (rope caches).
+"""A level-2 sleep loses what it does not save: buffers at a kv_cache-first wake, and plain tensors.
 
 Upstream: vllm-project/vllm#45619 (gate the level-2 buffer restore on the weights tag): Worker.wake_up
           restores the buffers saved by sleep(level=2) whatever the tags up to 0.26.x, gated from 0.27.0
           (read in the 0.25.0/0.26.0/0.27.0 wheels); vllm-ascend NPUWorker.wake_up is tag-blind in every
-          release (0.23.0, 0.25.1rc1, main)
+          release (0.23.0, 0.25.1rc1, main). Plain tensors: RFC vllm-project/vllm#53343,
+          NVIDIA-NeMo/RL#2631, vllm#39934 -- Worker.sleep(level=2) saves named_buffers() only (0.24.0;
+          0.33.0 adds sleep_preserve_parameter_names, parameters only, and the drafter's buffers)
 Affects:  vllm >=0.8.0,<0.27.0; vllm-ascend >=0.13.0 (vllm_ascend.worker.worker); a trainer that wakes
-          kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29)
-Remove:   when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the restore
+          kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29). Plain tensors: every vLLM
+          >=0.8.0 and vllm-ascend >=0.13.0rc1 (level 2, tensors allocated in the weights pool)
+Remove:   buffers: when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the restore; plain
+          tensors: when vLLM's level-2 sleep saves module attributes that are neither parameters nor buffers
 
-The saved buffers are copied into the still-unmapped weight memory:
+Buffers: the saved buffers are copied into the still-unmapped weight memory:
 CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
 copies are dropped; no weight push restores them (they are in no checkpoint). The patch wraps the worker's ``wake_up``: a wake without ``weights``
 leaves the saved buffers for the weights wake (``shim.vllm.buffers``). The probe
 reads ``wake_up`` and stands down where the restore already waits for the
 weights tag.
+
+Plain tensors (``vllm-level2-tensors``): a tensor a module keeps as a plain attribute (MLA's
+``W_UK_T`` / ``W_UV`` of a quantized ``kv_b_proj``, the attention layers' ``q_range`` constants)
+lives in the weights pool, so the level-2 sleep discards it, and neither the push nor the buffer
+restore writes it back. The patch wraps the worker's ``sleep`` (host copies of those storages
+before a level-2 sleep, counted in the shim's sleep line) and ``wake_up`` (written back once the
+weights are mapped); it skips views of parameters and buffers and, where the pushes go through
+vLLM's reload (``trl-push-reprocess``), the attention layers' attributes the push re-derives
+(``shim.vllm.buffers``). The probe reads ``sleep`` and stands down where it saves module
+attributes itself.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -38,6 +52,29 @@ def _binding(class_name):
 
 _probe_gpu, _apply_gpu = _binding("Worker")
 _probe_npu, _apply_npu = _binding("NPUWorker")
+
+
+def _plain_binding(class_name):
+    def probe(module):
+        from shim.vllm import buffers
+
+        cls = getattr(module, class_name, None)
+        if cls is None or not callable(getattr(cls, "wake_up", None)):
+            return f"upstream shape changed (no {class_name}.sleep/wake_up)"
+        return buffers.probe_plain(cls)
+
+    def apply(module, patcher):
+        from shim.vllm import buffers
+
+        cls = getattr(module, class_name)
+        patcher.wrap(cls, "sleep", buffers.save_plain)
+        patcher.wrap(cls, "wake_up", buffers.restore_plain)
+
+    return probe, apply
+
+
+_probe_gpu_plain, _apply_gpu_plain = _plain_binding("Worker")
+_probe_npu_plain, _apply_npu_plain = _plain_binding("NPUWorker")
 
 GPU = Patch(
     id="vllm-level2-buffers",
@@ -66,4 +103,31 @@ NPU = Patch(
     verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata)",
 )
 
-PATCHES = [GPU, NPU]
+GPU_PLAIN = Patch(
+    id="vllm-level2-tensors",
+    tested_at=("vllm", "0.24.0"),
+    issue="vllm-project/vllm#53343",
+    distribution="vllm",
+    affected=">=0.8.0",
+    module="vllm.v1.worker.gpu_worker",
+    apply=_apply_gpu_plain,
+    probe=_probe_gpu_plain,
+    summary="a level-2 sleep keeps the plain tensor attributes allocated in the weights pool (host copies, restored "
+            "at the weights wake; views of parameters/buffers and what the next push re-derives skipped)",
+    verified="CPU: vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized kv_b_proj) and 0.10.2 (matrices on the impl)",
+)
+
+NPU_PLAIN = Patch(
+    id="vllm-ascend-level2-tensors",
+    tested_at=("vllm-npu", "0.24.0"),
+    issue="vllm-project/vllm#53343 (vllm-ascend NPUWorker.sleep saves named_buffers only)",
+    distribution="vllm-ascend",
+    affected=">=0.13.0rc1",
+    module="vllm_ascend.worker.worker",
+    apply=_apply_npu_plain,
+    probe=_probe_npu_plain,
+    summary="as vllm-level2-tensors, on vllm-ascend's NPUWorker",
+    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata)",
+)
+
+PATCHES = [GPU, NPU, GPU_PLAIN, NPU_PLAIN]

@@ -5,6 +5,8 @@ Qwen2ForCausalLM (safetensors, float32) plus a local tokenizer built with the
 ``tokenizers`` library (byte-level BPE trained on a small fixed word list), wrapped as PreTrainedTokenizerFast with pad/eos tokens and
 a simple chat template.  ``wide=True`` makes the weights bigger
 (hidden 256, intermediate 1024, vocab unchanged).
+``make_tiny_mla_model(dir, seed=0)`` writes a random DeepseekV2ForCausalLM (multi-head latent
+attention, dense MLPs only) with the same tokenizer.
 """
 from __future__ import annotations
 
@@ -89,6 +91,71 @@ def make_tiny_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int =
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     with torch.no_grad():  # larger init than default so outputs depend visibly on the weights
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def make_tiny_moe_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int = 2, experts: int = 4,
+                        moe_intermediate: int = 24, top_k: int = 2) -> str:
+    """Write a tiny random Qwen3MoeForCausalLM (every layer sparse) + tokenizer into ``out_dir``; return it.
+
+    The default sizes keep every expert matrix non-square (hidden 32, moe_intermediate 24, so the fused
+    ``w13`` is 48 x 32 and ``w2`` 32 x 24): a layout mix-up shows as a shape error, never as silently
+    transposed arithmetic."""
+    import torch
+    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    os.makedirs(out_dir, exist_ok=True)
+    tok = make_tokenizer(out_dir)
+    cfg = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                         moe_intermediate_size=moe_intermediate, num_experts=experts, num_experts_per_tok=top_k,
+                         decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                         max_position_embeddings=512, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+if __name__ == "__main__":
+    import sys
+    print(make_tiny_model(sys.argv[1], wide="--wide" in sys.argv))
+
+
+def make_tiny_mla_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 2,
+                        kv_lora_rank: int = 16, qk_nope_head_dim: int = 8, qk_rope_head_dim: int = 4,
+                        v_head_dim: int = 8, max_positions: int = 512) -> str:
+    """Write a tiny random DeepseekV2ForCausalLM (MLA: ``kv_b_proj`` = [W_UK; W_UV] per head) +
+    tokenizer into ``out_dir``; every MLP dense (``first_k_dense_replace = layers``), attention
+    projections with biases."""
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, GenerationConfig
+
+    os.makedirs(out_dir, exist_ok=True)
+    tok = make_tokenizer(out_dir)
+    cfg = DeepseekV2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                           moe_intermediate_size=hidden // 2, num_hidden_layers=layers, num_attention_heads=heads,
+                           num_key_value_heads=heads, q_lora_rank=None, kv_lora_rank=kv_lora_rank,
+                           qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim,
+                           v_head_dim=v_head_dim, first_k_dense_replace=layers, n_routed_experts=4,
+                           num_experts_per_tok=2, n_shared_experts=1, attention_bias=True,
+                           max_position_embeddings=max_positions, tie_word_embeddings=False,
+                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                           torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = DeepseekV2ForCausalLM(cfg)
+    with torch.no_grad():
         for n, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.2)

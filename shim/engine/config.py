@@ -60,8 +60,18 @@ SHIM_SUMMARY_EVERY = "SHIM_SUMMARY_EVERY"
 wake are DEBUG; a one-line INFO summary comes every this many sleeps (and at least
 every 10 minutes while the engine sleeps and wakes). 0: only the summary at exit."""
 
+SHIM_SLEEP_LEVEL = "SHIM_SLEEP_LEVEL"
+"""``1`` or ``2``; unset: the trainer's own level. The level every sleep of TRL's colocated engine
+runs at (``VLLMGeneration``, trl >= 0.28: GRPO, RLOO, GOLD, the distillation trainers), which TRL
+hard-codes to 2 (``sleep(level=2)`` after construction and after every generate). ``1`` keeps a copy
+of the weights in host memory (as much CPU RAM as the weights take, per rank) and restores it at the
+wake, plain tensors of the weights pool included; the trainer's weights are still pushed before
+generating (TRL >= 1.10 itself, 0.28-1.9.2 through the shim), so nothing else changes. What
+vllm-ascend MoE users need (level 2 there: vllm-ascend#13012, #13352, #16725). ms-swift's
+``--sleep_level`` is the user's own: the switch never touches it. Patch ``trl-sleep-level``."""
+
 ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE, SHIM_VERIFY_WEIGHTS,
-       SHIM_DEVICE_CHECK_EVERY, SHIM_STALE_ALARM, SHIM_SUMMARY_EVERY)
+       SHIM_DEVICE_CHECK_EVERY, SHIM_STALE_ALARM, SHIM_SUMMARY_EVERY, SHIM_SLEEP_LEVEL)
 
 STALE_ALARM_DEFAULT = 0.05
 SUMMARY_EVERY_DEFAULT = 50
@@ -109,12 +119,15 @@ def debug() -> bool:
 
 
 VERIFY_OFF, VERIFY_SAMPLE, VERIFY_EXACT = "", "sample", "exact"
-VERIFY_DEFAULT = VERIFY_EXACT
-"""What ``SHIM_VERIFY_WEIGHTS=1`` means (bench/gpu_verify_weights.py: exact digests under 1% of a step)."""
+VERIFY_DEFAULT = VERIFY_SAMPLE
+"""What ``SHIM_VERIFY_WEIGHTS=1`` means. Sample: measured on an H200 (2026-12-01, TRL 1.9.2 GRPO, 1.06 B
+model; bench/results/gpu_verify_weights.json) the exact check costs 134 ms (10.9% of a step, 88x the
+floor of reading both copies once), the rotating sample 9.2 ms (1.0%). Exact becomes the default once
+bench/gpu_verify_weights.py shows it under 1% of a step (tests/gpu/test_verify_weights.py)."""
 
 
 def verify_weights() -> str:
-    """``""`` (off), ``"exact"`` (the default: ``1``) or ``"sample"`` from SHIM_VERIFY_WEIGHTS."""
+    """``""`` (off), ``"sample"`` (the default: ``1``) or ``"exact"`` from SHIM_VERIFY_WEIGHTS."""
     raw = os.environ.get(SHIM_VERIFY_WEIGHTS, "")
     value = raw.strip().lower()
     if value in _FALSE:
@@ -157,6 +170,20 @@ def summary_every() -> int:
     return int(raw.strip())
 
 
+SLEEP_LEVELS = (1, 2)
+
+
+def sleep_level() -> "int | None":
+    """SHIM_SLEEP_LEVEL as an int (1 or 2), or None when unset."""
+    raw = os.environ.get(SHIM_SLEEP_LEVEL, "")
+    value = raw.strip()
+    if not value:
+        return None
+    if value in {str(level) for level in SLEEP_LEVELS}:
+        return int(value)
+    raise ConfigError(f"{SHIM_SLEEP_LEVEL}={raw!r} is not valid; accepted: 1, 2 (or unset: the trainer's own level)")
+
+
 def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
     """``(ids switched off, unknown ids)`` from SHIM_DISABLED_PATCHES (``*``: all of ``known``).
 
@@ -173,13 +200,14 @@ def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
 
 def validate() -> None:
     """Raise ConfigError for the first switch with a bad value (booleans, SHIM_VERIFY_WEIGHTS, the
-    alarm threshold, the summary interval)."""
+    alarm threshold, the summary interval, the sleep level)."""
     disabled()
     _flag(SHIM_STRICT)
     debug()
     verify_weights()
     stale_alarm()
     summary_every()
+    sleep_level()
 
 
 DEVICE_CHECK_EVERY_DEFAULT = 10

@@ -19,13 +19,15 @@ ms-swift's ``is_sleeping`` checks) and refill woken weights with
 - ``wake_up(tags)``: wakes each requested tag that is asleep and skips the
   awake ones (vLLM's executor ignores the whole call, with a warning, if any
   requested tag is awake), after gc and the device's ``empty_cache``;
-- ``sleep(level)``: recorded in the sleep state.
+- ``sleep(level)``: recorded in the sleep state, at the level the engine really sleeps at
+  (``shim.trl.sleep_level``: SHIM_SLEEP_LEVEL on TRL's ``VLLMGeneration`` engine).
 
 Everything else is forwarded untouched (``isinstance(proxy, LLM)`` holds).
 """
 from __future__ import annotations
 
 from shim.engine import log
+from shim.trl import sleep_level
 from shim.vllm import sleep_state, wake_plan
 
 REPLACE = "replace"
@@ -86,6 +88,7 @@ def synced_class():
 
         def sleep(self, level: int = 1, *args, **kwargs):
             llm = self.__wrapped__
+            level = sleep_level.level(llm, level)  # SHIM_SLEEP_LEVEL on TRL's VLLMGeneration engine
             result = llm.sleep(level, *args, **kwargs)
             sleep_state.note_sleep(llm, level)
             return result

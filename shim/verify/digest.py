@@ -249,7 +249,6 @@ def collect(parts: list) -> list:
 
 def reference(t, dtype=None) -> list:
     """The definition written out for one tensor, on the CPU, with Python integers (tests)."""
-    import torch
 
     dtype = dtype or t.dtype
     x = _words(t.detach().to("cpu").reshape(-1), dtype).tolist()

@@ -62,3 +62,177 @@ def probe_restore(cls) -> "str | None":
                 return "fixed upstream (buffer restore waits for the weights tag)"
             return None
     return changed(f"{cls.__name__}.wake_up restores no _sleep_saved_buffers")
+
+
+# ---------------------------------------------------------------------------
+# plain tensor attributes (neither parameters nor buffers) across a level-2 sleep
+# ---------------------------------------------------------------------------
+# vLLM's level-2 sleep saves ``model.named_buffers()`` only (``Worker.sleep``; 0.33 adds the
+# parameters named by ``sleep_preserve_parameter_names`` and the drafter's buffers). A tensor a
+# module keeps as a plain attribute -- MLA's ``W_UK_T`` / ``W_UV`` where ``kv_b_proj`` is quantized
+# (``process_weights_after_loading``, vLLM 0.16-0.32 on the layer, <= 0.15 on ``layer.impl``), the
+# ``q_range`` / ``k_range`` / ``v_range`` constants of ``set_default_quant_scales``, a quant kernel's
+# workspace -- was allocated inside the weights pool when the model was built, so the level-2 sleep
+# discards it and the wake maps fresh, undefined pages under it. No push rewrites it (the trainer
+# pushes parameters; nothing re-runs the post-processing), no buffer restore covers it.
+# :func:`save_plain` (a wrapper of the worker's ``sleep``) copies each such storage to the host
+# before a level-2 sleep; :func:`restore_plain` (a wrapper of ``wake_up``) writes it back once the
+# weights are mapped again (whatever order the tags are woken in).
+#
+# Left out, because something else rewrites them: tensors sharing storage with a parameter or a
+# buffer (unquantized MLA's ``W_UV`` is a view of ``kv_b_proj.weight``: the push rewrites it);
+# storage outside the weights pool (not discarded); and, on an engine whose pushes go through
+# vLLM's layerwise reload (``shim.vllm.reload``: its finalize re-runs every attention layer's
+# ``process_weights_after_loading``), the attributes of the attention layers, which the next push
+# derives again.
+
+SAVED_PLAIN = "_shim_sleep_saved_plain"
+"""Worker attribute: ``{storage pointer: (device storage, host copy)}`` between a level-2 sleep and the weights wake."""
+
+
+def _holders(model):
+    """``(owner, attention?)`` for every module of ``model`` and the backend object it keeps as ``impl``."""
+    import torch
+
+    try:
+        from vllm.model_executor.layers.attention import Attention, MLAAttention
+        attention = (Attention, MLAAttention)
+    except Exception:  # an older layout: no attention layer is told apart
+        attention = ()
+    for module in model.modules():
+        is_attention = bool(attention) and isinstance(module, attention)
+        yield module, is_attention
+        impl = vars(module).get("impl")
+        if impl is not None and not isinstance(impl, torch.nn.Module) and hasattr(impl, "__dict__"):
+            yield impl, is_attention
+
+
+def plain_tensors(model):
+    """``(owner, name, tensor, attention?)`` for each plain tensor attribute of ``model``'s modules and
+    their ``impl`` objects (what sits in ``vars(owner)``: parameters and buffers live in their own dicts)."""
+    import torch
+
+    for owner, is_attention in _holders(model):
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                yield owner, name, value, is_attention
+
+
+def _storage_ptr(tensor) -> "int | None":
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, ValueError):
+        return None
+
+
+def _registered_storages(model) -> set:
+    ptrs = {_storage_ptr(p) for p in model.parameters()} | {_storage_ptr(b) for b in model.buffers()}
+    ptrs.discard(None)
+    return ptrs
+
+
+def _in_weights_pool():
+    """``ptr -> bool``: whether a storage lies in a "weights" allocation of the sleep pool."""
+    import bisect
+
+    from shim.vllm import sleep_pool
+
+    spans = sorted(sleep_pool.spans("weights"))
+    starts = [s for s, _ in spans]
+
+    def inside(ptr: int) -> bool:
+        i = bisect.bisect_right(starts, ptr) - 1
+        return i >= 0 and ptr < spans[i][1]
+
+    return inside
+
+
+def _plain_to_keep(worker) -> list:
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    if model is None:
+        return []
+    from shim.vllm import reload
+
+    inside = _in_weights_pool()
+    registered = _registered_storages(model)
+    rederived = reload.pushes_reprocess(model)
+    keep, seen = [], set()
+    for _, _, tensor, is_attention in plain_tensors(model):
+        if is_attention and rederived:
+            continue
+        ptr = _storage_ptr(tensor)
+        if ptr is None or ptr in registered or ptr in seen or not inside(ptr):
+            continue
+        seen.add(ptr)
+        keep.append((ptr, tensor.untyped_storage()))
+    return keep
+
+
+def save_plain(wrapped, instance, args, kwargs):
+    """Wrapper of the worker's ``sleep``: before a level-2 sleep, host copies of the plain tensors it would discard."""
+    from shim.engine import call_args
+
+    level = call_args.arg(wrapped, args, kwargs, "level", 1)
+    if level == 2:
+        import torch
+
+        saved = {}
+        for ptr, storage in _plain_to_keep(instance):
+            host = torch.empty((storage.nbytes(),), dtype=torch.uint8).untyped_storage()
+            host.copy_(storage)
+            saved[ptr] = (storage, host)
+        setattr(instance, SAVED_PLAIN, saved)
+    return wrapped(*args, **kwargs)
+
+
+def restore_plain(wrapped, instance, args, kwargs):
+    """Wrapper of the worker's ``wake_up``: once the weights are mapped, the saved plain tensors written back."""
+    result = wrapped(*args, **kwargs)
+    tags = _tags(wrapped, args, kwargs)
+    saved = getattr(instance, SAVED_PLAIN, None)
+    if saved and (tags is None or "weights" in tags):
+        for storage, host in saved.values():
+            storage.copy_(host)
+        setattr(instance, SAVED_PLAIN, {})
+        log.debug(f"wake_up({tags}): {len(saved)} plain tensor storage(s) restored after the level-2 sleep")
+    return result
+
+
+def kept_note(engine) -> str:
+    """For the shim's sleep line: the plain tensor storages the engine's worker holds for its weights wake."""
+    from shim.observe import events
+    from shim.vllm import wake_plan
+
+    worker = getattr(wake_plan.executor_of(engine), "driver_worker", None)
+    try:
+        saved = getattr(worker, SAVED_PLAIN, None) or {}
+    except Exception:  # a worker proxy that raises for unknown names
+        return ""
+    if not saved:
+        return ""
+    nbytes = sum(host.nbytes() for _, host in saved.values())
+    return (f"plain tensors kept: {len(saved)} storage(s), {nbytes} bytes ({events.gib(nbytes)} GiB) copied to "
+            f"the host, restored at the weights wake")
+
+
+def probe_plain(cls) -> "str | None":
+    """None where ``cls`` defines ``sleep`` and ``wake_up`` and its ``sleep`` (or the one it calls through
+    ``super()``) saves the buffers, and nothing else, at level 2."""
+    missing = [name for name in ("sleep", "wake_up") if name not in vars(cls)]
+    if missing:
+        return changed(f"{cls.__name__} defines no {'/'.join(missing)}")
+    for klass in cls.__mro__:
+        sleep = vars(klass).get("sleep")
+        if sleep is None:
+            continue
+        try:
+            source = inspect.getsource(sleep)
+        except (OSError, TypeError):
+            return changed(f"source of {klass.__name__}.sleep unavailable")
+        if "named_buffers" in source:
+            if "vars(" in source or "__dict__" in source:
+                return "fixed upstream (the level-2 sleep saves module attributes)"
+            return None
+        if "super().sleep" not in source:
+            break
+    return changed(f"{cls.__name__}.sleep saves no named_buffers at level 2")

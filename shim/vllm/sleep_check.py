@@ -45,7 +45,17 @@ from contextlib import contextmanager
 
 from shim.engine import call_args, config, log
 from shim.observe import events
-from shim.vllm import alloc_guard, engines, first_sleep_reset, memory, sleep_pool, sleep_state, sleep_verdict, wake_plan
+from shim.vllm import (
+    alloc_guard,
+    buffers,
+    engines,
+    first_sleep_reset,
+    memory,
+    sleep_pool,
+    sleep_state,
+    sleep_verdict,
+    wake_plan,
+)
 
 
 class Measured:
@@ -189,6 +199,8 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
     if read:  # a device reading: the verdict on exact figures
         tracked = sleep_pool.tracked_bytes(probe, exact=True)
     result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
+    if level >= 2:
+        note = "; ".join(x for x in (note, buffers.kept_note(engine)) if x)
     first = state.measure.sleeps == 0
     state.measure.sleeps += 1
     if m.freed is None:  # the executor did not report every tag asleep: nothing to judge from the pool

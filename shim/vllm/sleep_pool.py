@@ -77,3 +77,20 @@ def bytes_by_tag(probe, exact: bool = False) -> dict:
     _cache[:] = [alloc, signature, out]
     return dict(out)
 
+
+
+def spans(tag: str) -> list:
+    """``[(start, end)]`` address ranges of the pool's allocations with ``tag`` (every sleep allocator
+    that exists in this process; ``pointer_to_data`` is keyed by each allocation's device address)."""
+    out = []
+    for device in _ALLOCATORS:
+        records = getattr(allocator(device), "pointer_to_data", None)
+        if not isinstance(records, dict):
+            continue
+        try:
+            for ptr, data in list(records.items()):
+                if data.tag == tag:
+                    out.append((int(ptr), int(ptr) + int(data.handle[1])))
+        except Exception:  # records not shaped as in vLLM: no span known
+            continue
+    return out

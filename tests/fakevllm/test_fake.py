@@ -368,3 +368,143 @@ def test_lora_slots_follow_the_weights_tag(model_dir, tmp_path):
     """)
     assert r["base_layer"] and r["added"] and r["listed"] == [7] and r["listed_l2"] == [7]
     assert r["diff"] < 1e-6 and r["diff_l1"] < 1e-6 and r["diff_l2"] > 0.1 and r["differs"], r
+
+
+@pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-moe")
+    sys.path.insert(0, TESTS)
+    import tiny
+    return tiny.make_tiny_moe_model(str(d / "m"), seed=0)
+
+
+MOE = """
+from transformers import AutoModelForCausalLM
+llm = new_llm()
+m = model(llm)
+RESULT["params"] = {n: list(p.shape) for n, p in m.named_parameters() if "experts" in n and "layers.0." in n}
+RESULT["loader"] = all(hasattr(p, "weight_loader") for n, p in m.named_parameters() if "experts" in n)
+RESULT["tokens"] = list(toks(llm))
+hf = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+RESULT["hf"] = hf.generate(torch.tensor([PROMPT[0]["prompt_token_ids"]]), max_new_tokens=6, do_sample=False)[0, 4:].tolist()
+with torch.no_grad():  # a trainer's update and its push (qwen3_moe load_weights: the experts' weight_loader)
+    for p in hf.parameters():
+        p.add_(0.1)
+try:
+    m.load_weights(list(hf.named_parameters()))
+    RESULT["pushed"] = list(toks(llm)) == hf.generate(torch.tensor([PROMPT[0]["prompt_token_ids"]]),
+                                                       max_new_tokens=6, do_sample=False)[0, 4:].tolist()
+except Exception as exc:
+    RESULT["push_error"] = f"{type(exc).__name__}: {exc}"
+"""
+
+
+@pytest.mark.parametrize("device,ascend", [("cuda", ""), ("npu", "0.23.0"), ("npu", "0.26.0rc1")])
+def test_moe_fused_experts(moe_dir, device, ascend):
+    """vLLM's fused experts (w13_weight [E, 2I, H], w2_weight [E, H, I]) compute what transformers' experts
+    compute; in NPU mode vllm-ascend's process_weights_after_loading re-lays them ([E, H, 2I], [E, I, H]),
+    dropping the Parameter (and its weight_loader) up to 0.25.1rc1, so a per-tensor push of the experts
+    fails there; on CUDA the push lands."""
+    r = run(moe_dir, MOE, env={"FAKEVLLM_DEVICE": device, **({"FAKEVLLM_ASCEND_VERSION": ascend} if ascend else {})})
+    assert r["tokens"] == r["hf"]
+    w13, w2 = (r["params"][f"model.layers.0.mlp.experts.{n}"] for n in ("w13_weight", "w2_weight"))
+    if device == "cuda":
+        assert (w13, w2) == ([4, 48, 32], [4, 32, 24]) and r["loader"] is True and r["pushed"] is True
+    else:
+        assert (w13, w2) == ([4, 32, 48], [4, 24, 32])
+        assert r["loader"] is (ascend == "0.26.0rc1")
+        if ascend == "0.23.0":
+            assert "AttributeError" in r["push_error"] and "weight_loader" in r["push_error"]
+# ---------------------------------------------------------------------------
+# MLA (DeepSeek-V2): derived matrices, decode through them, the layerwise reload
+# ---------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def mla_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mla")
+    sys.path.insert(0, TESTS)
+    import tiny
+    return tiny.make_tiny_mla_model(str(d / "m"), seed=0)
+
+
+def make_site_dir(tmp_path, version: str) -> str:
+    sys.path.insert(0, HERE)
+    import make_site
+    return make_site.make_site(str(tmp_path / f"s{version}"), version=version)
+
+
+MLA_BODY = """
+llm = new_llm()
+runner = llm.llm_engine.model_executor.driver_worker.model_runner
+mla = runner.mla_layers[0]
+holder = mla.impl if mla.impl is not None else mla
+RESULT["n_mla"] = len(runner.mla_layers)
+RESULT["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
+pool = {a.ptr for a in dev.allocations.values() if a.pool is not None}
+RESULT["derived_in_pool"] = holder.W_UV.untyped_storage().data_ptr() in pool
+before = toks(llm)
+torch.manual_seed(1)
+new = [(n, p.detach() + 0.3 * torch.randn_like(p)) for n, p in model(llm).named_parameters()]
+for n, t in new:
+    model(llm).load_weights([(n, t)])
+raw = toks(llm)
+RESULT["raw_derived_follow"] = bool(torch.equal(mla.absorbed_weight(), mla.kv_b_proj.weight))
+if vllm._fake.V >= vllm._fake.Version("0.16.0"):
+    runner.reload_weights(weights_iterator=iter(new))
+    RESULT["reload_derived_follow"] = bool(torch.equal(mla.absorbed_weight(), mla.kv_b_proj.weight))
+    pool = {a.ptr for a in dev.allocations.values() if a.pool is not None}
+    RESULT["reload_derived_in_pool"] = holder.W_UV.untyped_storage().data_ptr() in pool
+    RESULT["reloaded"] = toks(llm)
+RESULT["raw"] = raw
+RESULT["before"] = before
+"""
+
+
+def test_mla_unquantized_derives_views(mla_dir):
+    """vLLM 0.24 ``get_and_maybe_dequant_weights``: the weight itself -> W_UV a view; a raw push is seen."""
+    r = run(mla_dir, MLA_BODY)
+    assert r["n_mla"] == 2 and r["view"] is True
+    assert r["raw_derived_follow"] is True and r["raw"] == r["reloaded"]
+
+
+def test_mla_quantized_derives_copies_in_the_pool(mla_dir):
+    """Quantized kv_b_proj: own copies in the weights pool; a raw push leaves them stale (decode differs
+    from the reload, prefill's first token does not); reload_weights re-derives them OUTSIDE the pool."""
+    r = run(mla_dir, MLA_BODY, env={"FAKEVLLM_QUANTIZATION": "fp8"})
+    assert r["view"] is False and r["derived_in_pool"] is True
+    assert r["raw_derived_follow"] is False and r["reload_derived_follow"] is True
+    assert r["raw"] != r["reloaded"] and r["raw"][0] == r["reloaded"][0]
+    assert r["reload_derived_in_pool"] is False
+
+
+def test_mla_below_016_impl_and_no_layerwise(mla_dir, tmp_path):
+    """<= 0.15: the matrices on ``layer.impl``; no ``model_loader.reload`` module."""
+    site = make_site_dir(tmp_path, "0.15.1")
+    body = MLA_BODY + """
+try:
+    import vllm.model_executor.model_loader.reload
+    RESULT["reload_module"] = True
+except ModuleNotFoundError:
+    RESULT["reload_module"] = False
+RESULT["on_impl"] = mla.impl is not None and "W_UV" in vars(mla.impl) and "W_UV" not in vars(mla)
+"""
+    r = run(mla_dir, body, env={"FAKEVLLM_QUANTIZATION": "fp8", "FAKEVLLM_VERSION": "0.15.1",
+                                "PYTHONPATH": site})
+    assert r["reload_module"] is False and r["on_impl"] is True and r["raw_derived_follow"] is False
+
+
+def test_layerwise_reload_per_tensor_corrupts_split_layers(mla_dir):
+    """One reload per tensor finalizes a layer loaded in part: the elements not loaded are garbage
+    (SkyRL#1680 / #1737: vLLM materialises the layer with torch.empty)."""
+    body = """
+llm = new_llm()
+runner = llm.llm_engine.model_executor.driver_worker.model_runner
+params = [(n, p.detach().clone()) for n, p in model(llm).named_parameters()]
+before = toks(llm)
+runner.reload_weights(weights_iterator=iter(params))
+RESULT["one_reload"] = toks(llm) == before
+for n, t in params:
+    runner.reload_weights(weights_iterator=iter([(n, t)]))
+RESULT["per_tensor"] = toks(llm) == before
+"""
+    r = run(mla_dir, body)
+    assert r["one_reload"] is True and r["per_tensor"] is False

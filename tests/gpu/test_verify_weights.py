@@ -1,8 +1,8 @@
 """Weight verification on a real GPU (bench/gpu_verify_weights.py): TRL 1.9.2 GRPO + shim, 1.06 B model.
 
-The default check (exact digests of every tensor, on the device) costs under 1% of a GRPO
-step (the shim's own measured time per check, times checks per step, over the median step;
-if not, SHIM_VERIFY_WEIGHTS=1 must go back to ``sample``: shim.engine.config.VERIFY_DEFAULT);
+The goal: the exact check (digests of every tensor, on the device) under 1% of a GRPO step (the
+shim's own measured time per check, times checks per step, over the median step); until it is
+met SHIM_VERIFY_WEIGHTS=1 means ``sample`` (shim.engine.config.VERIFY_DEFAULT);
 its floor (bytes read once at the measured bandwidth) is recorded; with the #5312 fix
 switched off every rollout whose engine differs from the trainer (bit-for-bit ground truth)
 is reported as stale weights, with it on (default and sample) none is.
@@ -22,6 +22,8 @@ def data(tmp_path_factory):
     return load("gpu_verify_weights", tmp_path_factory)
 
 
+@pytest.mark.xfail(strict=True, reason="goal not met on the H200 (2026-12-01): exact 134 ms per check, 10.9% of a "
+                   "step, 88x the floor; SHIM_VERIFY_WEIGHTS=1 stays sample until this passes")
 def test_default_exact_check_under_one_percent_of_a_step(data):
     run_of(data, DEFAULT)
     fraction = data["figures"]["verify_default_fraction_of_step"]

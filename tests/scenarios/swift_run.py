@@ -1,6 +1,7 @@
 """ms-swift's real colocate rollout code on the vLLM stand-in; prints a JSON summary as its last line.
 
     python tests/scenarios/swift_run.py --model DIR [--shim] [--level 1|2] [--cycles 2] [--steps 2] [--lora]
+        [--lora-merge]
 
 Run with an ms-swift venv's python and tests/fakevllm (or a make_site dir) plus
 the repository on PYTHONPATH (``tests.support.swift_support.run_swift``). Drives the
@@ -24,6 +25,19 @@ step changes only the adapter, and each generate compares the weights the engine
 forward computes with (base + the slot of the request's adapter,
 ``vllm._fake.lora.effective_weights``) with the trainer's merged weights
 (base + scaling x B @ A), within 1e-6.
+
+``--lora-merge`` (3.10+): ``--tuner_type lora`` (3.x: ``--train_type lora``) with vLLM's own LoRA off, so ms-swift merges the
+adapter into every full push (``_move_full_model_to_vllm``: ``merge_adapter``, push, ``unmerge_adapter``).
+The trainer model is the model in bfloat16 wrapped by ``peft.get_peft_model`` (what ``--tuner_type
+lora`` builds through ``Swift.prepare_model``; rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so
+``lora.Linear`` and ``lora.Embedding`` layers, ``init_lora_weights=False`` so every push carries a
+delta). Each generate also records, through ``tests.support.lora_check``: the frozen base elements
+whose bytes differ from the model before the first push (``base_changed``), the engine elements further
+than one bfloat16 rounding from base plus adapter merged out of place (``beyond``), and per LoRA layer
+class the elements the adapter moves (``effect``). ``--vllm-lora``: vLLM's own LoRA on
+(``--vllm_enable_lora true``; adapter on ``q_proj``/``v_proj`` only): the base is pushed once, then
+``_move_adapter_to_vllm`` pushes the adapter (merging and unmerging around it); ``beyond`` is not
+recorded (the engine's adapter slot is mapped per request, after this observation point).
 
 Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
 CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
@@ -62,15 +76,40 @@ def parse():
     p.add_argument("--cycles", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lora", action="store_true", help="--train_type lora --vllm_enable_lora true (3.10.x)")
+    p.add_argument("--lora-merge", action="store_true",
+                   help="3.10+: --tuner_type lora without vLLM LoRA (the adapter merged into every full push), bf16")
+    p.add_argument("--vllm-lora", action="store_true",
+                   help="with --lora-merge: vLLM's own LoRA on (--vllm_enable_lora true), adapter on q_proj/v_proj")
     p.add_argument("--offload", action="store_true",
                    help="3.10+: --offload_model true, with the release's GRPOTrainer.offload_context (the mixin's is a "
                         "placeholder) and the trainer model's device memory booked on the fake device")
+    p.add_argument("--grpo-module", action="store_true",
+                   help="import the release's GRPOTrainer module first, as a real GRPO run does (it imports TRL's "
+                        "GRPOTrainer, and with TRL >= 0.28 trl.generation.vllm_generation)")
     p.add_argument("--probe", action="append", default=[],
                    help="patch id: also report what its probe says of this release's module (range aside)")
     p.add_argument("--cuda-available", action="store_true",
                    help="after set-up, torch.cuda.is_available() answers True (the hardware a CUDA user has), so "
                         "ms-swift's CUDA-only set_expandable_segments acts")
     return p.parse_args()
+
+
+def lora_merge_args(config_class, a) -> dict:
+    """--lora-merge: ``--tuner_type lora`` (3.x: ``--train_type lora``), vLLM's LoRA as ``--vllm-lora`` says."""
+    import dataclasses
+
+    key = "tuner_type" if "tuner_type" in {f.name for f in dataclasses.fields(config_class)} else "train_type"
+    return {key: "lora", "vllm_enable_lora": a.vllm_lora, "lora_rank": 4}
+
+
+def lora_merge_model(model, a):
+    """--lora-merge: the model wrapped by ``peft.get_peft_model`` (what ``Swift.prepare_model`` builds for a
+    LoraConfig), rank 4, adapter weights initialised non-zero."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "v_proj"] + ([] if a.vllm_lora else ["embed_tokens"])
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                            target_modules=targets))
 
 
 def main():
@@ -99,6 +138,11 @@ def main():
             from swift.trainers.rlhf_trainer.grpo_trainer import GRPOTrainer as RolloutTrainerMixin
             utils_modules = ("swift.trainers.rlhf_trainer.utils",)
             legacy = True
+    if a.grpo_module:
+        try:
+            importlib.import_module("swift.rlhf_trainers.grpo_trainer")
+        except ImportError:  # 3.x
+            importlib.import_module("swift.trainers.rlhf_trainer.grpo_trainer")
     device = getattr(torch, current_platform.device_type)
     for name in utils_modules:
         module = importlib.import_module(name)
@@ -109,11 +153,14 @@ def main():
                       sleep_level=a.level, use_cpu=True, per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=6, vllm_gpu_memory_utilization=0.3, vllm_max_model_len=128,
                       report_to="none", **(dict(train_type="lora", vllm_enable_lora=True, lora_rank=8)
-                                           if a.lora else {}))
+                                           if a.lora else lora_merge_args(GRPOConfig, a) if a.lora_merge else {}))
     try:  # 3.10.x
         from swift.llm import get_model_tokenizer, get_template
-        model, tok = get_model_tokenizer(a.model, torch.float32, model_type="qwen2")
+        model, tok = get_model_tokenizer(a.model, torch.bfloat16 if a.lora_merge else torch.float32,
+                                         model_type="qwen2")
         template = get_template(model.model_meta.template, tok)
+        if a.lora_merge:
+            model = lora_merge_model(model, a)
         if a.lora:  # what ms-swift's prepare_adapter builds for --train_type lora (all-linear, rank 8, alpha 32)
             from swift.tuners import LoraConfig, Swift
             model = Swift.prepare_model(model, LoraConfig(
@@ -121,8 +168,11 @@ def main():
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     except ImportError:  # 4.x
         from swift import get_model_processor, get_template
-        model, tok = get_model_processor(a.model, torch_dtype=torch.float32, model_type="qwen2")
+        model, tok = get_model_processor(a.model, torch_dtype=torch.bfloat16 if a.lora_merge else torch.float32,
+                                         model_type="qwen2")
         template = get_template(tok, template_type="qwen")
+        if a.lora_merge:
+            model = lora_merge_model(model, a)
 
     from tests.support.swift_trainer import bare_trainer
 
@@ -232,10 +282,21 @@ def main():
     generates = []
     original_run = engine_cls.run_requests
 
+    if a.lora_merge:
+        from tests.support import lora_check
+        base_before = lora_check.base_snapshot(t.model)
+
     def observed_run(self, *args_, **kwargs):
         trainer_fp = fingerprint(t.model.named_parameters())
         generates.append({"step": t.state.global_step, "engine": runner.weights_fp(), "trainer": trainer_fp,
                           "origin": runner.weights_origin})
+        if a.lora_merge:
+            generates[-1].update(  # vLLM's LoRA: its adapter slot is mapped later, per request: base only
+                base_changed=lora_check.changed_elements(t.model, base_before),
+                beyond=None if a.vllm_lora else lora_check.beyond_one_rounding(
+                    dict(runner.model.named_parameters()), lora_check.reference(t.model), torch.bfloat16),
+                effect=lora_check.adapter_effect(t.model, torch.bfloat16))
+            generates[-1]["engine"] = generates[-1]["trainer"] = None  # names differ: the LoRA figures decide
         return original_run(self, *args_, **kwargs)
 
     if a.lora:
@@ -293,7 +354,7 @@ def main():
         if step:
             with torch.no_grad():  # an optimizer step changes the trained weights (LoRA: the adapter only)
                 for p in t.model.parameters():
-                    if p.requires_grad or not a.lora:
+                    if p.requires_grad or not (a.lora or a.lora_merge):
                         p.add_(0.01 * torch.randn_like(p))
             t.state.global_step = step
         for _ in range(a.cycles):
@@ -325,6 +386,7 @@ def main():
         "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
                    if "shim.verify.weights" in sys.modules else None),
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
+        "sleep_levels": [e["level"] for e in EVENTS if e["event"] == "sleep"],
         "order": order,
         "probes": probes,
     }))

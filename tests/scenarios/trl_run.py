@@ -2,7 +2,7 @@
 
     python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
-        [--rollout default|openenv] [--skip-push NAME]
+        [--rollout default|openenv] [--skip-push NAME] [--lora] [--model qwen2|mla] [--final-compare]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
@@ -12,7 +12,20 @@ all.
 Observation (test-side instrumentation of the stand-in, not of TRL): at every
 real ``LLM.generate``/``LLM.chat`` it compares the engine's weights with the
 trainer model's current parameters and with the initial checkpoint, through
-the stand-in's fingerprints.
+the stand-in's fingerprints; with ``--model mla`` (a tiny DeepSeek-V2) also whether each MLA
+layer's derived ``W_UK_T`` / ``W_UV`` are the ones its current ``kv_b_proj`` gives (``derived``) and
+lie in the weights pool (``derived_in_pool``). ``--final-compare``: after training, the trainer's own
+push method writes the final weights, and the engine's greedy completions are compared with those of
+a fresh engine (no sleep mode) loaded from the trainer's saved weights (``final``).
+
+``--lora`` (GRPO/RLOO): the trainer model is loaded in bfloat16 and TRL wraps it in a PEFT LoRA
+(``peft_config``: rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so ``lora.Linear`` and
+``lora.Embedding`` layers; ``init_lora_weights=False``, so every push, the first one too, carries
+a real delta). At every generate the observation also records, through
+``tests.support.lora_check``: how many elements of the frozen base tensors differ (bytes) from
+the trainer's model right after TRL built it (``base_changed``), how many engine elements are
+further than one bfloat16 rounding from the trainer's base plus adapter merged out of place
+(``beyond``), and per LoRA layer class how many elements the adapter moves (``effect``).
 """
 import argparse
 import json
@@ -42,6 +55,9 @@ def parse():
     p.add_argument("--drop-llm-chat", action="store_true",
                    help="an LLM without chat (a vLLM shape the verify-weights-vllm probe does not accept); "
                         "use with --shim after so the class is changed before the shim's hook sees it")
+    p.add_argument("--lora", action="store_true", help="bf16 model wrapped by TRL in a PEFT LoRA (peft_config)")
+    p.add_argument("--model", choices=("qwen2", "mla"), default="qwen2")
+    p.add_argument("--final-compare", action="store_true")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -87,7 +103,7 @@ def main():
 
     model_dir = os.path.join(a.out, "model")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
-        tiny.make_tiny_model(model_dir)
+        (tiny.make_tiny_mla_model if a.model == "mla" else tiny.make_tiny_model)(model_dir)
     texts = ["the cat is", "one plus two equals", "the sky is", "hello world", "red blue green", "big dog"] * 8
     if a.trainer == "rloo":  # RLOO 0.26 handles plain-text prompts as messages: use conversational ones
         ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in texts]})
@@ -131,21 +147,48 @@ def main():
                 return {k: [r[k] for r in results] for k in ("prompt_ids", "completion_ids", "logprobs")}
 
             extra["rollout_func"] = rollout_func
-        trainer = Trainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds, **extra)
+        if a.lora:
+            import torch
+            from peft import LoraConfig
+            from transformers import AutoModelForCausalLM
+
+            extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                              target_modules=["q_proj", "v_proj", "embed_tokens"])
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        else:
+            model = model_dir
+        trainer = Trainer(model=model, reward_funcs=reward_len, args=cfg, train_dataset=ds, **extra)
     trainer_box["t"] = trainer
 
     checkpoint_fp = next(e["weights_fp"] for e in EVENTS if e["event"] == "load_model")
     observed = []
+    if a.lora:
+        from tests.support import lora_check
+
+        base_before = lora_check.base_snapshot(trainer.model)
+    observing = [True]
 
     def observe(method):
         original = getattr(LLM, method)
 
         def instrumented(self, *args, **kwargs):
+            if not observing[0]:
+                return original(self, *args, **kwargs)
             engine_model = self.llm_engine.model_executor.driver_worker.model_runner.model
             engine_fp = fingerprint(engine_model.named_parameters())
             trainer_fp = fingerprint(trainer_box["t"].model.named_parameters())
             observed.append({"step": trainer_box["t"].state.global_step, "engine": engine_fp,
-                             "trainer": trainer_fp, "checkpoint": engine_fp == checkpoint_fp})
+                             "trainer": trainer_fp, "checkpoint": engine_fp == checkpoint_fp,
+                             **derived_state(self.llm_engine.model_executor.driver_worker.model_runner)})
+            if a.lora:
+                import torch
+
+                model = trainer_box["t"].model
+                observed[-1].update(
+                    base_changed=lora_check.changed_elements(model, base_before),
+                    beyond=lora_check.beyond_one_rounding(dict(engine_model.named_parameters()),
+                                                          lora_check.reference(model), torch.bfloat16),
+                    effect=lora_check.adapter_effect(model, torch.bfloat16))
             return original(self, *args, **kwargs)
 
         setattr(LLM, method, instrumented)
@@ -159,6 +202,18 @@ def main():
             return push(self, [(n, w) for n, w in weights if n != a.skip_push])
 
         VllmModelMixin.load_weights = partial_push
+    def derived_state(runner):
+        """MLA: derived matrices == what the current kv_b_proj gives; their storage in the weights pool."""
+        import torch
+
+        layers = getattr(runner, "mla_layers", [])
+        if not layers:
+            return {}
+        pool = {a.ptr for a in vllm._fake.device.DEVICE.allocations.values() if a.pool is not None}
+        holders = [layer.impl if layer.impl is not None else layer for layer in layers]
+        return {"derived": all(torch.equal(layer.absorbed_weight(), layer.kv_b_proj.weight) for layer in layers),
+                "derived_in_pool": all(h.W_UV.untyped_storage().data_ptr() in pool for h in holders)}
+
     observe("generate")
     if hasattr(LLM, "chat"):
         observe("chat")
@@ -180,16 +235,28 @@ def main():
             raise
         error = f"{type(exc).__name__}: {exc}"
 
+    observing[0] = False  # the final comparison's generates are not the training's
+    final = final_compare(trainer, model_dir, a.out) if a.final_compare else None
     from shim.engine import registry
 
     metrics = [{k: v for k, v in h.items() if k.startswith(("sampling/", "shim/")) or k in ("step", "reward", "loss")}
                for h in trainer.state.log_history]
     pushes = sum(1 for e in EVENTS if e["event"] == "load_weights")
+    # every weights wake: are the woken weights the ones the engine held when it went to sleep?
+    held, weights_wakes = None, []
+    for e in EVENTS:
+        if e["event"] in ("load_model", "generate", "chat") or (e["event"] == "load_weights" and not e.get("lost")):
+            held = e.get("weights_fp") or held
+        elif e["event"] == "worker_wake_up" and (e.get("tags") is None or "weights" in e["tags"]):
+            weights_wakes.append(e["weights_fp"] == held)
+            held = e["weights_fp"]
     summary = {
         "trl": trl.__version__, "vllm": vllm.__version__, "generates": observed,
         "mismatches": sum(1 for o in observed if o["engine"] != o["trainer"]),
         "from_checkpoint_after_training": sum(1 for o in observed if o["checkpoint"] and o["trainer"] != checkpoint_fp),
         "load_weights_events": pushes,
+        "sleep_levels": [e["level"] for e in EVENTS if e["event"] == "sleep"],
+        "weights_wakes_kept": weights_wakes,
         "reloads": sum(1 for e in EVENTS if e["event"] == "reload_weights"),
         "lost_writes": sum(1 for e in EVENTS if e["event"] == "load_weights" and e.get("lost")),
         "guard_warnings": sum(1 for e in EVENTS if e["event"] == "executor_guard"),
@@ -203,8 +270,43 @@ def main():
         "not_running": ({pid: sys.modules["shim.verify.weights"].not_running_reason(pid)
                          for pid in registry.decisions() if pid.startswith("verify-weights")}
                         if "shim.verify.weights" in sys.modules else None),
+        "final": final,
     }
     print(json.dumps(summary))
+
+
+def final_compare(trainer, model_dir, out):
+    """The trainer's own push of its final weights, then the engine's greedy completions against a fresh
+    engine's (no sleep mode) loaded from the trainer's weights saved to disk."""
+    import shutil
+
+    from vllm import LLM, SamplingParams
+
+    gen = getattr(trainer, "vllm_generation", None)
+    owner = gen if gen is not None else trainer
+    llm = owner.llm
+    executor = llm.llm_engine.model_executor
+    if "weights" in (getattr(executor, "sleeping_tags", None) or ()):
+        llm.wake_up(tags=["weights"])
+    (gen.sync_weights if gen is not None else trainer._move_model_to_vllm)()
+    if "kv_cache" in (getattr(executor, "sleeping_tags", None) or ()):
+        llm.wake_up(tags=["kv_cache"])
+    prompts = [{"prompt_token_ids": ids} for ids in ([3, 10, 11, 12], [5, 6, 7], [20, 21, 22, 23, 24])]
+    sp = SamplingParams(max_tokens=8, temperature=0.0)
+
+    def greedy(engine):
+        return [list(o.outputs[0].token_ids) for o in engine.generate(prompts, sp, use_tqdm=False)]
+
+    engine_out = greedy(llm)
+    fresh_dir = os.path.join(out, "final")
+    trainer.model.save_pretrained(fresh_dir, safe_serialization=True)
+    for f in os.listdir(model_dir):
+        if f.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(os.path.join(model_dir, f), fresh_dir)
+    fresh = LLM(model=fresh_dir, enable_sleep_mode=False, gpu_memory_utilization=0.3,
+                distributed_executor_backend="external_launcher", seed=0)
+    fresh_out = greedy(fresh)
+    return {"engine": engine_out, "fresh": fresh_out, "equal": engine_out == fresh_out}
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def targets() -> dict:
 
 
 # patch module -> switches its cases run with (the verify-only records stand down while their switch is off)
-MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}}
+MODULE_ENV = {"verify_weights": {"SHIM_VERIFY_WEIGHTS": "1"}, "trl_sleep_level": {"SHIM_SLEEP_LEVEL": "1"}}
 CASE_ENV = "CONTRACT_CASE_ENV"
 """JSON ``{patch id: {var: value}}``: what ``contract_child.py`` sets in a case's fork (MODULE_ENV)."""
 

@@ -39,13 +39,15 @@ def vllm_for(trl_version: str) -> str:
     return "0.10.2" if major_minor < (0, 27) else "0.24.0"
 
 
-def run_trl(trl_version: str, out_dir, *args: str, env: dict | None = None) -> dict:
+def run_trl(trl_version: str, out_dir, *args: str, env: dict | None = None, script=SCENARIO) -> dict:
+    """Run ``script`` (a scenario under tests/scenarios, ``trl_run.py`` by default) with ``args`` against
+    one TRL release and the stand-in of the vLLM it supports; its JSON summary."""
     vllm_version = vllm_for(trl_version)
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false",
                             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                             OMP_NUM_THREADS="1", MASTER_PORT=rendezvous_port(), **(env or {}))
     path = [trl_path(trl_version), fake_site(vllm_version)]
     code = f"import runpy, sys; sys.argv = ['trl_run'] + {['--out', str(out_dir), *args]!r}; " \
-           f"runpy.run_path({str(SCENARIO)!r}, run_name='__main__')"
+           f"runpy.run_path({str(script)!r}, run_name='__main__')"
     proc = run_python(code, path=path, env=environment, timeout=900)
     return last_json(proc)

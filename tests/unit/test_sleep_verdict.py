@@ -160,3 +160,15 @@ def test_device_check_every_bad_value_is_one_warning_and_the_default(monkeypatch
         assert sleep_verdict.check_every() == config.DEVICE_CHECK_EVERY_DEFAULT
     assert len(warnings) == 1
     assert warnings[0] == "SHIM_DEVICE_CHECK_EVERY='0' is not valid; accepted: a whole number >= 1 (or unset); using 10"
+
+
+@pytest.mark.parametrize("share, effective", [(0.49, False), (0.51, True)])
+def test_verdict_threshold_pinned_at_half(share, effective):
+    """The threshold is half of what the pool tracks, to the percent: 49% is ineffective, 51% is not."""
+    from shim.vllm import sleep_state, sleep_verdict
+
+    state = sleep_state.SleepState(sleep_mode=True, engine_bytes=40 * GiB)
+    tracked = 40 * GiB
+    verdict, cause, _ = sleep_verdict.judge(state, tracked, int(tracked * share))
+    assert verdict is effective
+    assert ("less than half of what the pool tracked" in cause) is (not effective)

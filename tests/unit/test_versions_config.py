@@ -50,3 +50,21 @@ def test_disabled_patches(monkeypatch):
     assert config.disabled_patches(["a", "b"]) == ({"a", "b"}, [])
     monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "zz, a, gone")  # unknown: reported, never an error
     assert config.disabled_patches(["a", "b"], removed={"gone": "removed in 0.2"}) == ({"a"}, ["zz"])
+
+@pytest.mark.parametrize("value,expected", [("", None), ("1", 1), (" 2 ", 2)])
+def test_sleep_level(monkeypatch, value, expected):
+    monkeypatch.setenv(config.SHIM_SLEEP_LEVEL, value)
+    assert config.sleep_level() == expected
+
+
+@pytest.mark.parametrize("value", ["3", "0", "one", "1.0"])
+def test_bad_sleep_level_is_one_error_and_the_shim_stays_off(value):
+    """A bad SHIM_SLEEP_LEVEL: one line naming the variable and the accepted values; nothing is hooked."""
+    from tests.support.helpers import clean_env, run_python
+
+    proc = run_python("import shim.auto, shim, sys; print(shim.is_active()); print('trl' in sys.modules)",
+                      env=clean_env(SHIM_SLEEP_LEVEL=value))
+    assert proc.stdout.split() == ["False", "False"]
+    assert proc.stderr.strip().splitlines() == [
+        f"[shim] ERROR SHIM_SLEEP_LEVEL={value!r} is not valid; accepted: 1, 2 (or unset: the trainer's own level); "
+        "shim not activated"]

@@ -2,6 +2,7 @@
 only the fields the fake engine and TRL/ms-swift read."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -23,6 +24,14 @@ class ModelConfig:
     hf_config: Any = None
 
     def __post_init__(self):
+        # vLLM resolves ``dtype`` to a torch.dtype (``_get_and_verify_dtype``); the fake runs every
+        # model in float32, so that is its dtype whatever was asked (activations and weights agree).
+        import torch
+        self.dtype = torch.float32
+        # vLLM reads the quantization from the checkpoint's config.json when none is passed
+        # (``_verify_quantization``); the fake's stand-in for that config is FAKEVLLM_QUANTIZATION.
+        if self.quantization is None:
+            self.quantization = os.environ.get("FAKEVLLM_QUANTIZATION") or None
         if self.tokenizer is None:
             self.tokenizer = self.model
         if self.hf_config is None:

@@ -72,7 +72,9 @@ except ImportError:
     from swift.pipelines.train.rlhf import SwiftRLHF
 kw = dict(rlhf_type="gkd", model=spec["student"], model_type="qwen2", teacher_model=tdir,
           deepspeed="zero2", dataset=[spec["data"]], output_dir=spec["out"], report_to=["none"],
-          torch_dtype="float32", template="qwen2_5")
+          torch_dtype=spec.get("dtype", "float32"), template="qwen2_5")
+if kw["torch_dtype"] != "float32":  # a CPU run: no bf16 mixed-precision training (transformers refuses it)
+    kw["bf16"] = False
 if spec["teacher_type"]:
     kw["teacher_model_type"] = spec["teacher_type"]
 if spec["teacher_ds"]:
@@ -134,11 +136,12 @@ def models(tmp_path_factory):
 
 
 def run_child(version, models, *, teacher="teacher", teacher_ds="zero3", shim=True, world=8, free_gb=80,
-              teacher_type="qwen2", fail_teacher=False):
+              teacher_type="qwen2", fail_teacher=False, dtype="float32"):
     port = rendezvous_port()
     spec = {"student": str(models / "student"), "teacher": str(models / teacher), "data": str(models / "data.jsonl"),
             "out": str(models / f"out-{os.getpid()}-{port}"), "teacher_ds": teacher_ds, "shim": shim,
-            "world": world, "free": free_gb * GB, "teacher_type": teacher_type, "fail_teacher": fail_teacher}
+            "world": world, "free": free_gb * GB, "teacher_type": teacher_type, "fail_teacher": fail_teacher,
+            "dtype": dtype}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHIM_", "PYTHONPATH"))}
     env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
                LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", TRL_EXPERIMENTAL_SILENCE="1", TOKENIZERS_PARALLELISM="false")
@@ -226,6 +229,27 @@ def test_preflight_235b_partitioned_checks_partitioned_size(version, models):
     assert result["error"] is not None and result["error"][0] == "TeacherWontFit", result
     assert "partitioned over 8 ranks" in result["error"][1] and "zero3_offload" in result["error"][1]
     assert all(p.endswith("config.json") for p in result["opened"]), result["opened"]
+
+
+@pytest.mark.parametrize("version", ["4.6.0"])
+def test_preflight_235b_bf16_fits_partitioned_not_whole(version, models):
+    """bf16 (``--torch_dtype bfloat16``): 471.3 GB, 58.9 GB per rank over 8 ranks of 80 GB. Partitioned (teacher
+    zero3 + shim) it fits: the preflight lets the load go on (it then fails on the missing weights); whole
+    (teacher zero2) 471.3 GB per rank does not: TeacherWontFit before anything of the teacher is read. The
+    float32 runs above cannot tell the two placements apart at 80 GB (117.8 GB per rank even split)."""
+    if version not in VERSIONS:
+        pytest.skip(f"{version} not selected")
+    split, err = run_child(version, models, teacher="qwen3-vl-235b-a22b", teacher_type="qwen3_vl_moe",
+                           dtype="bfloat16")
+    assert split["error"] is None or split["error"][0] != "TeacherWontFit", split
+    assert "x 2 bytes (bfloat16)" in err and "partitioned over 8 ranks (ZeRO-3 load): 58.9 GB per rank; " \
+           "80.0 GB free" in err, err[-3000:]
+    whole, err = run_child(version, models, teacher="qwen3-vl-235b-a22b", teacher_type="qwen3_vl_moe",
+                           dtype="bfloat16", teacher_ds="zero2")
+    assert whole["error"] is not None and whole["error"][0] == "TeacherWontFit", whole
+    assert "x 2 bytes (bfloat16)" in whole["error"][1] and "whole on every rank" in whole["error"][1]
+    assert "80.0 GB free" in whole["error"][1]
+    assert all(p.endswith("config.json") for p in whole["opened"]), whole["opened"]
 
 
 def test_parameter_count_formula():

@@ -262,3 +262,13 @@ def test_resample_wake_order_stands_down_on_4_6_0():
     assert on["fast_infer_markers"] == []
     assert on["order"] == off["order"] and weights_wakes(on) == {0: [PUSH, AFTER_OFFLOAD], 1: [PUSH, AFTER_OFFLOAD]}
     assert on["mismatches"] == 0 and off["mismatches"] == 0
+
+
+def test_sleep_level_switch_leaves_swift_sleep_level_alone():
+    """SHIM_SLEEP_LEVEL is for TRL's VLLMGeneration engine only: ms-swift's own engine keeps the user's
+    ``--sleep_level`` (4.6.0's GRPO module imports TRL 0.29.1's GRPOTrainer and VLLMGeneration module, where the
+    feature applies)."""
+    on = run_swift("4.6.0", "--level", "2", "--shim", "--grpo-module", env={"SHIM_SLEEP_LEVEL": "1"})
+    assert on["decisions"]["trl-sleep-level"] == "applied"
+    assert on["sleep_levels"] and set(on["sleep_levels"]) == {2}, on["sleep_levels"]
+    assert on["mismatches"] == 0 and len(on["generates"]) == 4

@@ -159,3 +159,26 @@ def test_openenv_rollout_helper_without_shim(version, tmp_path):
             run_trl(version, tmp_path / "off", *args, "--shim", "off")
     on = run_trl(version, tmp_path / "on", *args, "--shim", "before")
     assert_invariant(on)
+
+
+@pytest.mark.parametrize("version", ["1.16.0", "1.9.2"])
+def test_sleep_level_switch_keeps_the_weights_across_sleeps(version, tmp_path):
+    """SHIM_SLEEP_LEVEL=1 (feature ``trl-sleep-level``): every sleep of VLLMGeneration's engine, the one
+    right after construction included, runs at level 1 and every weights wake brings back the weights the
+    engine slept with (no push needed to make them valid); the rollouts still use the trainer's weights.
+    Unset: TRL's own level 2, every woken weight discarded. 1.9.2 runs with the stale-weights fix, whose
+    push-before-generate is then needed only after a sync: fewer pushes than at level 2."""
+    level1 = run_trl(version, tmp_path / "level1", "--trainer", "grpo", "--shim", "before", "--sleep", "on",
+                     env={"SHIM_SLEEP_LEVEL": "1"})
+    assert level1["decisions"]["trl-sleep-level"] == "applied"
+    assert level1["sleep_levels"] and set(level1["sleep_levels"]) == {1}, level1["sleep_levels"]
+    assert level1["weights_wakes_kept"] and all(level1["weights_wakes_kept"]), level1["weights_wakes_kept"]
+    assert level1["mismatches"] == 0 and level1["lost_writes"] == 0
+    assert any("sleeps at level 1 instead of 2 (SHIM_SLEEP_LEVEL=1)" in m for _, m in level1["shim_log"])
+    default = run(version, shim="before")
+    assert default["decisions"]["trl-sleep-level"] == "stand down: SHIM_SLEEP_LEVEL is unset (TRL's own level)"
+    assert default["sleep_levels"] and set(default["sleep_levels"]) == {2}
+    assert default["weights_wakes_kept"] and not any(default["weights_wakes_kept"])  # level 2 discards them
+    assert default["mismatches"] == 0
+    if version == "1.9.2":
+        assert level1["load_weights_events"] < default["load_weights_events"], (level1, default)

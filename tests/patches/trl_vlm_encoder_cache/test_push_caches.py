@@ -13,7 +13,8 @@ import pytest
 
 from tests.support.envs import trl_path
 from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port, run_python
-from tests.support.stand_in import FAKEVLLM, run
+from tests.support.stand_in import run
+from tests.support.trl_support import fake_site
 
 SCENARIO = REPO / "tests" / "scenarios" / "trl_vlm_run.py"
 
@@ -25,15 +26,16 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
 
 
-def vlm_run(trl_version, model_dir, *args, **env):
+def vlm_run(trl_version, model_dir, *args, vllm="0.24.0", **env):
     environment = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                             OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="ERROR", MASTER_PORT=rendezvous_port(),
                             **env)
     for k in [k for k in environment if k.startswith("FAKEVLLM_")]:
         del environment[k]
+    environment["FAKEVLLM_VERSION"] = vllm
     code = (f"import runpy, sys; sys.argv = ['trl_vlm_run', '--model', {str(model_dir)!r}] + {list(args)!r}; "
             f"runpy.run_path({str(SCENARIO)!r}, run_name='__main__')")
-    proc = run_python(code, path=[trl_path(trl_version), FAKEVLLM], env=environment, timeout=600)
+    proc = run_python(code, path=[trl_path(trl_version), fake_site(vllm)], env=environment, timeout=600)
     return last_json(proc), proc
 
 
@@ -87,3 +89,49 @@ def test_reset_that_keeps_failing_warns_once_strict_raises(model_dir):
     assert "retried with the engine idle: still False" in proc.stderr
     strict, proc = run(model_dir, ALWAYS_FALSE, shim=True, SHIM_STRICT="1")
     assert "vllm#28827" in strict["raised"] and strict["results"] == []
+
+
+FALSE_ONCE = """
+from vllm.v1.engine.llm_engine import LLMEngine
+calls = []
+def once_false(self, reset_running_requests=False):  # a transient failure: nothing is in flight
+    calls.append(reset_running_requests)
+    return len(calls) > 1
+LLMEngine._core_reset_prefix_cache = once_false
+llm = new_llm(enable_sleep_mode=False)
+R["unfinished"] = llm.llm_engine.has_unfinished_requests()
+R["result"] = llm.reset_prefix_cache()
+R["calls"] = calls
+"""
+
+
+def test_reset_false_once_with_nothing_in_flight_is_retried_at_once(model_dir):
+    """No request unfinished: the retry is a plain second reset (nothing to preempt), and it holds."""
+    off, _ = run(model_dir, FALSE_ONCE, shim=False)
+    assert off["unfinished"] is False and off["result"] is False and off["calls"] == [False]  # the bug: ignored
+    on, proc = run(model_dir, FALSE_ONCE, shim=True)
+    assert on["result"] is True and on["calls"] == [False, False], proc.stderr
+    assert "[shim] INFO reset_prefix_cache() returned False (KV blocks in use); retried with the engine idle: " \
+           "reset" in proc.stderr
+    assert "WARNING" not in proc.stderr
+
+
+def test_reset_that_keeps_failing_is_a_warning(model_dir):
+    """The report of a reset that stays False is WARNING-level (the level, not only the text)."""
+    on, proc = run(model_dir, ALWAYS_FALSE, shim=True)
+    lines = [line for line in proc.stderr.splitlines() if "returned False after a weight update" in line]
+    assert len(lines) == 1 and lines[0].startswith("[shim] WARNING "), proc.stderr
+
+
+def test_online_dpo_push_with_sleep_on_resets_the_encoder_cache(model_dir):
+    """Sleep on, where the sleep does not reset the caches (vLLM 0.16: ``reset_encoder_cache`` exists, the
+    reset inside ``EngineCore.sleep`` comes in 0.17; TRL 1.0.0 supports vLLM 0.10.2-0.17.1): OnlineDPO's
+    own push (``_move_model_to_vllm``, prefix reset only) runs through the shim's push path
+    (``shim.trl.colocate`` -> ``synced_llm.after_push``), the only place that resets the encoder cache
+    for it (``VLLMGeneration.sync_weights`` is not involved)."""
+    off, _ = vlm_run("1.0.0", model_dir, "--trainer", "online_dpo", "--sleep", "on", vllm="0.16.0")
+    assert off["trained_weights"] is True and off["stale_encoder_hits"] == 1  # trl#7198 in OnlineDPO
+    on, proc = vlm_run("1.0.0", model_dir, "--trainer", "online_dpo", "--sleep", "on", "--shim", "on",
+                       vllm="0.16.0")
+    assert on["trained_weights"] is True and on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 1, \
+        proc.stderr

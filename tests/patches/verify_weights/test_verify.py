@@ -546,7 +546,7 @@ def test_weight_version_tagged_and_named(verify, pair, warnings, monkeypatch, tm
         ("verify", "verified", 7, "7"), ("verify", "stale", 8, "7")]
 
 
-@pytest.mark.parametrize("value,mode", [("1", "exact"), ("on", "exact"), ("exact", "exact"), ("sample", "sample"),
+@pytest.mark.parametrize("value,mode", [("1", "sample"), ("on", "sample"), ("exact", "exact"), ("sample", "sample"),
                                         ("0", ""), ("", "")])
 def test_config_values(monkeypatch, value, mode):
     from shim.engine import config

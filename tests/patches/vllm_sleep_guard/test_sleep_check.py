@@ -88,6 +88,10 @@ def test_issue_6636_every_route(model_dir, route):
     assert on["env"] == user_env
     assert on["live"] is True
     assert "INEFFECTIVE" not in proc.stderr and "WARNING" not in proc.stderr
+    # the construction line names the route the user turned expandable segments on with (the guard saw it)
+    route_var = next((k for k in env if k in on["env"]), "live setting")
+    assert f"(expandable segments on via {route_var}" in proc.stderr, proc.stderr[-2000:]
+    assert "off during construction (shim guard)" in proc.stderr
     # the first sleep at INFO, the second DEBUG unless it is the first checked from the pool's bookkeeping
     # (tests/unit/test_log_volume.py); the summary counts each once
     assert proc.stderr.count("] INFO sleep LLMEngine#1 level=1: freed") == 1 + proc.stderr.count("pool's bookkeeping")

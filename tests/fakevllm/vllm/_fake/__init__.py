@@ -30,6 +30,9 @@ if TORCH_MODE not in ("modern", "old"):
 TOTAL_GB = float(_env("FAKEVLLM_TOTAL_GB", "80"))
 ROCM = _env("FAKEVLLM_ROCM", "0") == "1"
 ASCEND_VERSION = _env("FAKEVLLM_ASCEND_VERSION", "0.13.0rc1")
+#: Path of a REAL vllm_ascend/worker/worker.py (from a vllm-ascend wheel): NPU mode runs its
+#: ``NPUWorker.wake_up`` instead of the stand-in's mirror (vllm._fake.real_code).
+ASCEND_WORKER_SRC = os.environ.get("FAKEVLLM_ASCEND_WORKER_SRC") or None
 EVENTS_PATH = os.environ.get("FAKEVLLM_EVENTS") or None
 #: Bytes the driver/context holds on the fake device before anything is allocated.
 CONTEXT_BYTES = int(float(_env("FAKEVLLM_CONTEXT_MB", "512")) * 2**20)

@@ -31,6 +31,9 @@ import itertools
 import os
 import threading
 import types
+import weakref
+
+import torch
 
 from . import CONTEXT_BYTES, DEVICE_TYPE, ROCM, TOTAL_GB, bypass_mode, log_event
 
@@ -72,6 +75,33 @@ class Allocation:
                 f"in_pool={self.pool is not None}, mapped={self.mapped})")
 
 
+class TensorPayload:
+    """The contents of one tracked tensor's allocation (see ``FakeDevice.track``)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.ref = weakref.ref(tensor)
+        self._garbage_seed = 0
+
+    def backup(self):
+        t = self.ref()
+        return None if t is None else t.detach().clone()
+
+    def restore(self, backup) -> None:
+        t = self.ref()
+        if t is not None and backup is not None:
+            with torch.no_grad():
+                t.copy_(backup)
+
+    def scramble(self) -> None:
+        t = self.ref()
+        if t is None or not t.is_floating_point():
+            return
+        self._garbage_seed += 1
+        g = torch.Generator().manual_seed(0xD00D + self._garbage_seed)
+        with torch.no_grad():
+            t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * 2.0)
+
+
 class FakeDevice:
     def __init__(self, device_type: str, total_bytes: int):
         self.device_type = device_type
@@ -80,7 +110,8 @@ class FakeDevice:
         self.allocations: dict[int, Allocation] = {}
         self.cache_bytes = 0              # freed plain blocks the caching allocator keeps
         self.stranded_bytes = 0           # cached blocks it can no longer reuse (NPU, see map())
-        self._ptr = itertools.count(0x7F0000000000, 0x100000)
+        # far above any real address: :meth:`track` keys an allocation by its tensor's storage pointer
+        self._ptr = itertools.count(1 << 60, 0x100000)
         self._initialised = False
         self.settings: dict[str, str] = {}
         self.env_at_init: dict[str, str | None] = {}
@@ -131,9 +162,9 @@ class FakeDevice:
         with self.lock:
             return max(self.total - self.used(), 0), self.total
 
-    def allocate(self, nbytes: int, label: str = "tensor", payload=None) -> Allocation:
+    def allocate(self, nbytes: int, label: str = "tensor", payload=None, ptr: int | None = None) -> Allocation:
         """Allocate device memory; inside ``use_memory_pool`` it goes to the pool
-        unless the bypass applies."""
+        unless the bypass applies. ``ptr``: the address (default: a fresh fake one)."""
         self.ensure_init()
         with self.lock:
             nbytes = int(nbytes)
@@ -143,7 +174,7 @@ class FakeDevice:
                     f"{'NPU' if self.device_type == 'npu' else 'CUDA'} out of memory. Tried to allocate "
                     f"{nbytes / 2**30:.2f} GiB; {(self.total - self.used()) / 2**30:.2f} GiB free")
             self.cache_bytes -= reuse
-            a = Allocation(next(self._ptr), nbytes, label, payload)
+            a = Allocation(next(self._ptr) if ptr is None else int(ptr), nbytes, label, payload)
             self.allocations[a.ptr] = a
             if self.active_pool is not None:
                 allocator, tag = self.active_pool
@@ -158,6 +189,16 @@ class FakeDevice:
             return a
 
     index = 0
+
+    def track(self, tensor: torch.Tensor, label: str = "tensor") -> torch.Tensor:
+        """``tensor`` was just allocated on the device (a torch op's output, e.g. a dequantized
+        copy): one allocation of its storage's bytes at its storage's address, in the sleep pool
+        when made inside ``use_memory_pool``, freed when the tensor is garbage. Its contents
+        follow the allocation (offloaded, discarded, undefined after a re-map)."""
+        storage = tensor.untyped_storage()
+        a = self.allocate(storage.nbytes(), label=label, payload=TensorPayload(tensor), ptr=storage.data_ptr())
+        weakref.finalize(tensor, self.free, a)
+        return tensor
 
     def free(self, a: Allocation) -> None:
         with self.lock:

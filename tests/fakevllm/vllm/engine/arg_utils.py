@@ -20,6 +20,7 @@ class EngineArgs:
     data_parallel_size: int = 1
     dtype: Any = "auto"
     quantization: Optional[str] = None
+    quantization_config: Any = None  # 0.24 online quantization arguments; the stand-in quantizes every Linear
     revision: Optional[str] = None
     tokenizer_revision: Optional[str] = None
     seed: Optional[int] = 0
@@ -66,6 +67,7 @@ class EngineArgs:
     allowed_local_media_path: str = ""
     reasoning_parser: str = ""
     enable_return_routed_experts: bool = False
+    attention_backend: Any = None  # accepted; the stand-in has one attention path
 
     def create_engine_config(self) -> VllmConfig:
         mc = ModelConfig(model=str(self.model), tokenizer=self.tokenizer, dtype=self.dtype,

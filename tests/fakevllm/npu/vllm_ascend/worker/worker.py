@@ -10,7 +10,18 @@ memory allocated after every wake besides the weights and the KV cache ("suspect
 The stand-in allocates it as a plain (caching-allocator) block when the KV cache is woken and
 frees it when the worker sleeps, so it lands in the allocator's cache; whether that cache is
 given back depends on ``CaMemAllocator.sleep`` (0.19.1rc1+: empty_cache) and on the caller.
-Restoring the level-2 buffers ignores ``tags`` in every vllm-ascend release (``Worker.wake_up``)."""
+Restoring the level-2 buffers ignores ``tags`` in every vllm-ascend release (``Worker.wake_up``).
+
+MoE re-layout at the wake (vllm-ascend 0.12.0rc1 - 0.25.1rc1, read in the 0.12.0rc1, 0.13.0, 0.18.0,
+0.23.0, 0.24.0rc1 and 0.25.1rc1 wheels; removed by PR #13012 in 0.26.0rc1; vllm-ascend#11548, #12226):
+after the allocator restored the weights, ``wake_up`` (unquantized model, a wake that includes
+``weights``) replaces every ``w2_weight`` whose dim 2 is the hidden size and every ``w13_weight``
+whose dim 1 is with a NEW Parameter holding ``param.transpose(1, 2)`` -- on weights already in the
+processed layout (``vllm_ascend.ops.fused_moe``), so they leave it.
+
+Real code: with ``FAKEVLLM_ASCEND_WORKER_SRC`` set to a real ``vllm_ascend/worker/worker.py`` (from a
+vllm-ascend wheel), ``NPUWorker.wake_up`` IS that file's method (``vllm._fake.real_code``), run
+against this stand-in's allocator, config and model."""
 import os
 
 import torch
@@ -49,6 +60,16 @@ class NPUWorker(Worker):
         without looking at ``tags`` (unchanged up to 0.25.1rc1 and main)."""
         allocator = self._allocator()
         allocator.wake_up(tags=tags)
+        hidden_size = self.vllm_config.model_config.hf_text_config.hidden_size
+        model = self.model_runner.model
+        if (Version(_fake.ASCEND_VERSION) < Version("0.26.0rc1") and self.vllm_config.quant_config is None
+                and (tags is None or "weights" in tags)):
+            for name, param in model.named_parameters():  # the MoE re-layout (see the module doc)
+                if ("w2_weight" in name and param.shape[2] == hidden_size) or (
+                        "w13_weight" in name and param.shape[1] == hidden_size):
+                    module_name, _, param_name = name.rpartition(".")
+                    relaid = torch.nn.Parameter(param.transpose(1, 2), requires_grad=False)
+                    setattr(model.get_submodule(module_name), param_name, relaid)
         # Restore the buffers after level 2 sleep
         if len(self._sleep_saved_buffers):
             self._restore_saved_buffers(tags)
@@ -61,5 +82,18 @@ class NPUWorker(Worker):
             raise AttributeError(name)
         return super().__getattribute__(name)
 
+
+if _fake.ASCEND_WORKER_SRC:  # the real vllm-ascend method, on the stand-in
+    import typing
+
+    from vllm._fake import real_code
+
+    from vllm_ascend import envs as envs_ascend
+    from vllm_ascend.ascend_config import get_ascend_config
+    from vllm_ascend.device_allocator.camem import CaMemAllocator
+
+    NPUWorker.wake_up = real_code.method(_fake.ASCEND_WORKER_SRC, "NPUWorker", "wake_up", {
+        "torch": torch, "CaMemAllocator": CaMemAllocator, "get_ascend_config": get_ascend_config,
+        "envs_ascend": envs_ascend, "Optional": typing.Optional})
 
 NPUWorkerV1 = NPUWorker

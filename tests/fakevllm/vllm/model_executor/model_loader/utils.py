@@ -1,12 +1,9 @@
-"""Mirrors vllm/model_executor/model_loader/utils.py ``process_weights_after_loading`` (vLLM 0.24).
-
-vLLM runs it once after a model's weights are loaded (and ms-swift 4.6's Megatron push calls it after
-its ``load_weights``: ``swift.rlhf_trainers.utils.finish_vllm_weight_reload``): each module's
-quantization method re-packs its weights, then the attention layers that post-process their weights
-(MLA's ``W_UK_T`` / ``W_UV``) recompute them. Upstream moves each module to ``target_device`` for the
-call (``device_loading_context``, for CPU offloading); the stand-in's modules are never offloaded.
-The stand-in's models have neither quantization methods nor such attention layers, so on them it
-changes nothing, as vLLM's does on an unquantized non-MLA model.
+"""Mirrors vllm/model_executor/model_loader/utils.py ``process_weights_after_loading`` (0.24):
+every module's ``quant_method.process_weights_after_loading(module)``, then every attention
+layer's ``process_weights_after_loading(model_config.dtype)`` (after the others, so that they can
+decompress weights). vLLM's loader runs it once after the initial load (``BaseModelLoader.
+load_model``); ms-swift's ``finish_vllm_weight_reload`` calls it after its pushes. The
+``device_loading_context`` (CPU offloading) is not modelled.
 """
 from __future__ import annotations
 
@@ -16,6 +13,6 @@ def process_weights_after_loading(model, model_config, target_device) -> None:
         quant_method = getattr(module, "quant_method", None)
         if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             quant_method.process_weights_after_loading(module)
-    for _, module in model.named_modules():  # upstream: Attention / MLAAttention layers that define it
+    for _, module in model.named_modules():  # upstream: the Attention / MLAAttention layers (they define it)
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading(model_config.dtype)

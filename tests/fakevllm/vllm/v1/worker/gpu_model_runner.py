@@ -8,6 +8,16 @@ method (vLLM models' ``load_weights(Iterable[tuple[str, Tensor]]) -> set[str]``)
 so ``driver_worker.model_runner.model.load_weights(...)`` works as in TRL.
 Its parameters and buffers are the payload of the "weights" allocation on the
 fake device: while that allocation is unmapped, the contents are undefined.
+
+As vLLM's model loader (``BaseModelLoader.load_model``), ``load_model`` gives every Linear a
+``quant_method`` (``UnquantizedLinearMethod``, or ``Fp8LinearMethod`` for a quantized engine:
+``quantization=`` / ``FAKEVLLM_QUANTIZATION``) and, after the weights, runs
+``model_loader.utils.process_weights_after_loading`` -- which is where DeepSeek-V2/V3 models
+(``layers/attention/mla_attention.py``) derive ``W_UK_T`` / ``W_UV``, inside the weights pool.
+``reload_weights`` follows the version: up to 0.15 a disk reload without post-processing
+(``model_loader.load_weights`` only, 0.15.1); from 0.16 ``reload_weights(weights_iterator=None,
+weights_path=None, is_checkpoint_format=True)`` through the layerwise reload
+(``model_loader/reload``).
 """
 from __future__ import annotations
 
@@ -26,6 +36,14 @@ def _device_fault() -> RuntimeError:
     if _fake.DEVICE_TYPE == "npu":
         return RuntimeError("The DDR address of the MTE instruction is out of range")
     return RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _layerwise():
+    """The layerwise-reload module (vLLM 0.16+), or None."""
+    if _fake.V < _fake.Version("0.16.0"):
+        return None
+    from vllm.model_executor.model_loader.reload import layerwise
+    return layerwise
 
 
 def _cache_kw(model) -> str:
@@ -96,6 +114,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.weights_origin = None
         self.checkpoint_fp = None
         self.prefix_cache: dict[tuple, str] = {}
+        self.mla_layers: list = []
 
     # -- loading --------------------------------------------------------------
     def _from_disk(self):
@@ -108,20 +127,38 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                                                     trust_remote_code=mc.trust_remote_code)
 
     def load_model(self, eep_scale_up: bool = False) -> None:
+        from vllm.model_executor.layers import fused_moe
+
         hf = self._from_disk()
+        fused_moe.convert(hf)  # MoE models: vLLM's fused experts (w13_weight / w2_weight), processed
         hf.eval()
         hf.requires_grad_(False)
         hf.__class__ = type("Fake" + type(hf).__name__, (type(hf), VllmModelMixin), {})
         hf._fake_runner = self
+        self._set_quant_methods(hf)
+        from vllm.model_executor.layers.attention import mla_attention
+        self.mla_layers = mla_attention.attach(hf)
         if self.vllm_config.lora_config is not None:  # load_model: self.load_lora_model(...) under the weights tag
             hf = self.load_lora_model(hf, self.model_config, None, self.vllm_config.lora_config, self.device)
         self.model = hf
         nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(hf).tensors())
         self.weights_alloc = DEVICE.allocate(nbytes, label="weights", payload=WeightsPayload(hf, self))
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+        process_weights_after_loading(hf, self.model_config, self.device)
         self.checkpoint_fp = self.weights_fp()
         self.weights_origin = "checkpoint"
         _fake.log_event("load_model", model=str(self.model_config.model), nbytes=nbytes,
                         weights_fp=self.checkpoint_fp, in_pool=self.weights_alloc.pool is not None)
+
+    def _set_quant_methods(self, model) -> None:
+        """``LinearBase.__init__``: ``quant_method`` from the quant config (lm_head stays unquantized)."""
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+        from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
+        quantized = bool(getattr(self.model_config, "quantization", None))
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not out:
+                module.quant_method = Fp8LinearMethod() if quantized else UnquantizedLinearMethod()
 
     def get_model(self):
         return self.model
@@ -133,8 +170,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         return self.weights_alloc is not None and self.weights_alloc.mapped
 
     def _write_weights(self, weights, source: str) -> set[str]:
-        """default_weight_loader over params_dict (vLLM model load_weights)."""
+        """default_weight_loader over params_dict (vLLM model load_weights); MoE expert tensors through
+        the fused parameter's ``weight_loader`` (vllm.model_executor.layers.fused_moe)."""
+        from vllm.model_executor.layers import fused_moe
+
         params_dict = dict(self.model.named_parameters())
+        layerwise = _layerwise()
         loaded: set[str] = set()
         names = []
         mapped = self._weights_accessible()
@@ -146,11 +187,23 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 if name not in params_dict and name == "lm_head.weight" and getattr(
                         self.model.config, "tie_word_embeddings", False):
                     continue
+                expert = fused_moe.expert_target(name)
+                if expert is not None:  # qwen3_moe load_weights: expert_params_mapping -> param.weight_loader
+                    fused_name, shard_id, expert_id = expert
+                    param = params_dict[fused_name]
+                    if mapped:
+                        param.weight_loader(param, w.detach().to(param.device, param.dtype), fused_name,
+                                            shard_id=shard_id, expert_id=expert_id)
+                    loaded.add(fused_name)
+                    names.append(name)
+                    continue
                 param = params_dict[name]  # KeyError like vLLM for unknown names
                 assert param.size() == w.size(), (
                     f"Attempted to load weight ({w.size()}) into parameter ({param.size()})")
                 if mapped:
                     param.copy_(w.detach().to(param.device, param.dtype))
+                    if layerwise is not None:
+                        layerwise.note_loaded(self.model, name, param)
                 loaded.add(name)
                 names.append(name)
         if mapped:
@@ -163,19 +216,31 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                            if not mapped else {}))
         return loaded
 
-    def reload_weights(self, weights_iterator=None, is_checkpoint_format: bool = True) -> None:
-        """0.16+: ``reload_weights(weights_iterator=None, is_checkpoint_format=True)``;
-        without an iterator it re-reads the checkpoint the engine started from."""
-        if weights_iterator is not None:
-            self._write_weights(weights_iterator, source="reload_weights")
-            return
-        if self.model_config.load_format == "dummy":
-            if _fake.V >= _fake.Version("0.16.0"):
-                raise NotImplementedError("reload_weights is not supported with the dummy loader")
-            fresh = self._from_disk()
-        else:
-            fresh = self._from_disk()
+    def _reload_weights_015(self) -> None:
+        """Up to 0.15: ``model_loader.load_weights(model)`` from disk; no ``process_weights_after_loading``
+        (so MLA's derived matrices are not re-derived; 0.15.1 ``GPUModelRunner.reload_weights``)."""
+        fresh = self._from_disk()
         self._write_weights(list(fresh.named_parameters()), source="reload_weights")
+
+    def _reload_weights_016(self, weights_iterator=None, weights_path=None, is_checkpoint_format: bool = True) -> None:
+        """0.16+: ``reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True)``;
+        without an iterator it re-reads the checkpoint the engine started from. Checkpoint format:
+        ``initialize_layerwise_reload`` / ``model.load_weights`` / ``finalize_layerwise_reload``;
+        kernel format: a plain copy per parameter. (0.24 then resets the runner's encoder and mm
+        caches; the fake keeps those caches in the engine, where ``reset_encoder_cache`` acts.)"""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        if weights_iterator is None:
+            if self.model_config.load_format == "dummy":
+                raise NotImplementedError("Model reloading with `dummy` format")
+            weights_iterator = list(self._from_disk().named_parameters())
+        if is_checkpoint_format:
+            initialize_layerwise_reload(self.model)
+            self._write_weights(weights_iterator, source="reload_weights")
+            finalize_layerwise_reload(self.model, self.model_config)
+        else:
+            self._write_weights(weights_iterator, source="reload_weights")
+
+    reload_weights = _reload_weights_016 if _fake.V >= _fake.Version("0.16.0") else _reload_weights_015
 
     def initialize_kv_cache(self, nbytes: int) -> None:
         self.kv_alloc = DEVICE.allocate(nbytes, label="kv_cache")
@@ -185,7 +250,17 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.prefix_cache.clear()
         return True
 
+    def post_kv_cache_wake_up(self) -> None:
+        """``GPUModelRunner.post_kv_cache_wake_up`` (what vllm-ascend 0.26's ``NPUWorker.wake_up`` calls after
+        a KV-cache wake): ``init_fp8_kv_scales``, a no-op for an unquantized KV cache such as this one's. Not
+        version-gated in the stand-in."""
+        return None
+
     # -- execution ------------------------------------------------------------
+    def _decoding(self, on: bool) -> None:
+        for layer in self.mla_layers:
+            layer.decoding = on
+
     def check_accessible(self):
         for a in (self.weights_alloc, self.kv_alloc):
             if a is not None and not a.mapped:
@@ -280,7 +355,14 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                     break
             if len(prompt_ids) + len(generated) >= self.model_config.max_model_len:
                 break
-            out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{_cache_kw(model): past})
-            past = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+            if self.mla_layers:  # absorbed decode over the latent cache of every token (mla_attention)
+                self._decoding(True)
+                try:
+                    out = model(input_ids=torch.tensor([prompt_ids + generated]), use_cache=False)
+                finally:
+                    self._decoding(False)
+            else:
+                out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{_cache_kw(model): past})
+                past = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
             logits = out.logits[0, -1].float()
         return generated, lps, cum, finish, stop_reason

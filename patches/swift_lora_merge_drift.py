@@ -1,0 +1,66 @@
+"""ms-swift's LoRA weight push moves the frozen base model by a rounding at every sync.
+
+Upstream: none reported (found here; open in every ms-swift release up to 4.6.0)
+Affects:  ms-swift >=3.10.0 with --tuner_type lora (3.x: --train_type lora) and vLLM (colocate and server
+          mode), bf16/fp16 base weights: RolloutTrainerMixin._move_full_model_to_vllm (vLLM's LoRA off: merged
+          into every full push) and _move_adapter_to_vllm (vLLM's LoRA on: merged and unmerged around the
+          adapter push); swift-lora-merge-drift >=4.0.0 (swift.rlhf_trainers), swift-lora-merge-drift-3x
+          >=3.10.0,<4.0.0 (swift.trainers.rlhf_trainer; 3.2-3.9 push from GRPOTrainer: not covered)
+Remove:   when the shim's minimum supported ms-swift pushes LoRA weights without writing the base
+
+Each push calls ``model.merge_adapter()`` (PEFT adds the LoRA delta into the base weight in place),
+reads the base tensors, and ``model.unmerge_adapter()`` subtracts it again; in bfloat16
+``(W + dW) - dW != W``, so the frozen base random-walks with every sync (ms-swift's own FSDP2 path
+merges out of place, ``_merge_lora_into_state_dict``, because "unmerge fails to properly restore
+original weights" there). ``shim.swift.lora_merge`` wraps ``_move_model_to_vllm``: the merge and
+unmerge write nothing, and each LoRA base tensor is merged out of place (the layer's own ``merge``
+on a copy) as ``_load_state_dict_to_vllm`` reads it; the adapter push reads the adapter as it is. Not
+a PEFT model, FSDP2, colocate on an NPU, or layers the out-of-place path cannot reproduce: upstream's
+code unchanged. Stands down where ``_move_full_model_to_vllm`` no longer merges in place. The 3.x
+rollout mixin reads ``model.state_dict()`` (tensors sharing the parameters' storage) in the same shape.
+"""
+from shim.engine.patch import Patch
+from shim.engine.probes import changed, missing, source
+
+_METHODS = ("_move_model_to_vllm", "_move_full_model_to_vllm", "_load_state_dict_to_vllm")
+
+
+def probe(module):
+    cls = getattr(module, "RolloutTrainerMixin", None)
+    reason = missing(cls, _METHODS, "RolloutTrainerMixin")
+    if reason:
+        return reason
+    text, reason = source(cls._move_full_model_to_vllm, "RolloutTrainerMixin._move_full_model_to_vllm")
+    if reason:
+        return reason
+    if "._load_state_dict_to_vllm(" not in text:
+        return changed("_move_full_model_to_vllm does not push through _load_state_dict_to_vllm")
+    if ".merge_adapter()" not in text or ".unmerge_adapter()" not in text:
+        return "upstream merges out of place (_move_full_model_to_vllm calls no merge_adapter/unmerge_adapter)"
+    return None
+
+
+def apply(module, patcher):
+    from shim.swift import lora_merge
+
+    patcher.wrap(module.RolloutTrainerMixin, "_move_model_to_vllm", lora_merge.move_model_to_vllm(patcher.patch_id))
+
+
+def _patch(patch_id, affected, module, tested_at, verified):
+    return Patch(id=patch_id, kind="fix", tested_at=("swift", tested_at), issue="ms-swift LoRA merge drift",
+                 distribution="ms-swift", affected=affected, module=module, apply=apply, probe=probe,
+                 summary="LoRA weight push (full push with the adapter merged, and the adapter push): merged out "
+                         "of place per tensor as _load_state_dict_to_vllm reads it, so the frozen base keeps its "
+                         "bytes",
+                 verified=verified)
+
+
+PATCH = _patch("swift-lora-merge-drift", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin", "4.6.0",
+               "CPU: real ms-swift 4.6.0 RolloutTrainerMixin (--tuner_type lora, bf16, PEFT 0.20.0 Linear + "
+               "Embedding; and --vllm_enable_lora true) on the vLLM stand-in: base bytes unchanged, engine = base "
+               "+ adapter")
+PATCH_3X = _patch("swift-lora-merge-drift-3x", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
+                  "3.10.1", "CPU: real ms-swift 3.10.1 RolloutTrainerMixin (--train_type lora, bf16, PEFT 0.17.1) "
+                  "on the vLLM stand-in: base bytes unchanged, engine = base + adapter")
+
+PATCHES = [PATCH, PATCH_3X]

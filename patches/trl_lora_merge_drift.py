@@ -1,0 +1,103 @@
+"""TRL's LoRA weight push moves the frozen base model by a rounding at every sync.
+
+Upstream: none reported (found here; open in every TRL and PEFT release up to trl 1.16.0 / peft 0.21.2)
+Affects:  trl >=0.23.0 with a PEFT model and vLLM (colocate and server mode), bf16/fp16 base weights:
+          trl-lora-merge-drift >=1.11.0 (VLLMGeneration._iter_named_params), trl-lora-merge-drift-sync
+          >=0.28.0,<1.11.0 (VLLMGeneration.sync_weights), trl-lora-merge-drift-grpo / -rloo
+          >=0.23.0,<0.28.0 (GRPOTrainer / RLOOTrainer._move_model_to_vllm)
+Remove:   when the shim's minimum supported trl pushes a PEFT model's merged weights without writing its base
+
+Each push calls ``model.merge_adapter()`` (PEFT adds every LoRA delta into its base weight in place),
+reads the merged base tensors, and ``model.unmerge_adapter()`` subtracts the deltas again. In bfloat16
+``(W + dW) - dW != W``: the frozen base random-walks with every sync, and the trainer's forward and all
+later pushes read the moved base. ``shim.trl.lora_merge`` stands in for the merge and unmerge during the
+push (they write nothing) and hands the engine, for each LoRA base tensor as the push reads it, PEFT's
+own merge of its layer applied to a copy (``shim.peft.merge``, shared with ``swift-lora-merge-drift``):
+the engine receives what upstream's merge gives it, the base keeps its bytes. 1.11+: every tensor
+``_iter_named_params`` yields (the iterator both the colocate push and the server-mode stream read);
+0.23-1.10: the tensors the push hands the colocated engine model's ``load_weights`` or the server
+client's ``update_named_param``. Non-PEFT models, FSDP and layers the out-of-place path cannot
+reproduce exactly run upstream's code unchanged. Each record stands down by probe where its push no
+longer merges in place (no ``merge_adapter``/``unmerge_adapter`` in it) or reads the tensors elsewhere.
+"""
+import inspect
+
+from shim.engine.patch import Patch
+from shim.engine.probes import changed, missing, source
+
+_ISSUE = "trl LoRA merge drift"
+_MERGES = (".merge_adapter()", ".unmerge_adapter()")
+_OUT_OF_PLACE = "upstream merges out of place ({} calls no merge_adapter/unmerge_adapter)"
+
+
+def probe_iter(module):
+    cls = getattr(module, "VLLMGeneration", None)
+    fn = inspect.unwrap(getattr(cls, "_iter_named_params", None) or (lambda: None))
+    if not inspect.isgeneratorfunction(fn):
+        return changed("VLLMGeneration._iter_named_params is not a generator")
+    if not {"merge_adapter", "unmerge_adapter"} <= set(fn.__code__.co_names):
+        return _OUT_OF_PLACE.format("_iter_named_params")
+    return None
+
+
+def apply_iter(module, patcher):
+    from shim.trl import lora_merge
+
+    patcher.wrap(module.VLLMGeneration, "_iter_named_params", lora_merge.iter_named_params)
+
+
+def _pushes_itself(class_name, method):
+    """(probe, apply) for a push method that merges, then writes each tensor to the engine itself."""
+    label = f"{class_name}.{method}"
+
+    def probe(module):
+        cls = getattr(module, class_name, None)
+        reason = missing(cls, (method,), class_name)
+        if reason:
+            return reason
+        if getattr(cls, "_iter_named_params", None) is not None:
+            return "the push reads VLLMGeneration._iter_named_params (trl-lora-merge-drift)"
+        text, reason = source(cls, class_name)
+        if reason:
+            return reason
+        push, _ = source(getattr(cls, method), label)
+        if not all(m in (push or "") for m in _MERGES):
+            return _OUT_OF_PLACE.format(label)
+        if ".load_weights([(" not in text or ".update_named_param(" not in text:
+            return changed(f"{class_name} pushes through neither load_weights nor update_named_param")
+        return None
+
+    def apply(module, patcher):
+        from shim.trl import lora_merge
+
+        patcher.wrap(getattr(module, class_name), method, lora_merge.pushes_merged(patcher.patch_id))
+
+    return probe, apply
+
+
+_SUMMARY = ("PEFT LoRA weight push (colocate and server): the adapter merged out of place per tensor, so the "
+            "frozen base keeps its bytes; the engine gets what upstream's in-place merge gives it")
+
+
+def _patch(patch_id, affected, module, probe, apply, tested_at, verified):
+    return Patch(id=patch_id, kind="fix", tested_at=("trl", tested_at), issue=_ISSUE, distribution="trl",
+                 affected=affected, module=module, apply=apply, probe=probe, summary=_SUMMARY, verified=verified)
+
+
+PATCH = _patch("trl-lora-merge-drift", ">=1.11.0", "trl.generation.vllm_generation", probe_iter, apply_iter,
+               "1.16.0", "CPU: real TRL 1.16.0 GRPOTrainer with PEFT 0.18.1 LoRA (Linear + Embedding) on a bf16 "
+               "model, colocate on the vLLM stand-in and server mode: base bytes unchanged, engine = base + adapter")
+SYNC = _patch("trl-lora-merge-drift-sync", ">=0.28.0,<1.11.0", "trl.generation.vllm_generation",
+              *_pushes_itself("VLLMGeneration", "sync_weights"), "1.9.2",
+              "CPU: real TRL 1.9.2 and 1.0.0 GRPOTrainer with a PEFT LoRA on a bf16 model (colocate; 1.9.2 server "
+              "mode too): base bytes unchanged, engine = base + adapter")
+GRPO = _patch("trl-lora-merge-drift-grpo", ">=0.23.0,<0.28.0", "trl.trainer.grpo_trainer",
+              *_pushes_itself("GRPOTrainer", "_move_model_to_vllm"), "0.27.2",
+              "CPU: real TRL 0.27.2 and 0.23.1 GRPOTrainer with a PEFT LoRA on a bf16 model on the vLLM stand-in: "
+              "base bytes unchanged, engine = base + adapter")
+RLOO = _patch("trl-lora-merge-drift-rloo", ">=0.23.0,<0.28.0", "trl.trainer.rloo_trainer",
+              *_pushes_itself("RLOOTrainer", "_move_model_to_vllm"), "0.27.2",
+              "CPU: real TRL 0.27.2 RLOOTrainer with a PEFT LoRA on a bf16 model on the vLLM stand-in: base bytes "
+              "unchanged, engine = base + adapter")
+
+PATCHES = [PATCH, SYNC, GRPO, RLOO]

@@ -1,0 +1,64 @@
+"""TRL's colocated engine always sleeps at level 2: SHIM_SLEEP_LEVEL picks the level (a feature).
+
+Upstream: none in TRL (hard-coded ``sleep(level=2)``); asked for where level 2 breaks: vllm-ascend#13012,
+          #13352, #16725 (NPU MoE), NVIDIA-NeMo/RL#2523, verl#3355 (level 1 on NPU)
+Affects:  trl >=0.28.0 (VLLMGeneration, 1.16.0 included) colocate with vllm_enable_sleep_mode=True, only
+          with SHIM_SLEEP_LEVEL set; ms-swift's --sleep_level is never touched
+Remove:   when TRL takes the sleep level as an argument
+
+``VLLMGeneration._init_vllm`` builds ``vllm.LLM`` and sleeps it at level 2; ``generate`` sleeps at
+level 2 after every rollout. With ``SHIM_SLEEP_LEVEL=1`` every sleep of that engine runs at level
+1 (weights kept in host memory and restored at the wake; ``=2`` is TRL's own level). The patch binds
+the module's name ``LLM`` to a subclass of vLLM's ``LLM`` whose ``sleep`` applies the level
+(``shim.trl.sleep_level``), so the first sleep after construction is covered and ``isinstance``
+checks hold; the shim's TRL binding records the level the engine really slept at (weights valid
+after a level-1 wake: no push needed to make them so). Safe at either level: TRL >= 1.10 pushes the
+trainer's weights after every sleep, 0.28-1.9.2 push through the shim (``trl-stale-weights``).
+Stands down with the switch unset.
+"""
+from shim.engine.patch import FEATURE, Patch
+
+ID = "trl-sleep-level"
+
+
+def probe(module):
+    import inspect
+
+    from shim.engine import config
+
+    cls = getattr(module, "VLLMGeneration", None)
+    llm = getattr(module, "LLM", None)
+    if cls is None or not isinstance(llm, type) or not callable(getattr(llm, "sleep", None)):
+        return "upstream shape changed: VLLMGeneration or vllm.LLM not in trl.generation.vllm_generation"
+    if "sleep(level=2)" not in inspect.getsource(cls._init_vllm):
+        return "upstream shape changed: VLLMGeneration._init_vllm has no sleep(level=2)"
+    try:
+        level = config.sleep_level()
+    except config.ConfigError as exc:
+        return str(exc)
+    return None if level is not None else f"{config.SHIM_SLEEP_LEVEL} is unset (TRL's own level)"
+
+
+def apply(module, patcher):
+    from shim.trl import sleep_level
+
+    patcher.set(module, "LLM", sleep_level.engine_class(module.LLM, ID))
+
+
+PATCH = Patch(
+    id=ID,
+    kind=FEATURE,
+    tested_at=("trl", "1.16.0"),
+    issue="SHIM_SLEEP_LEVEL",
+    distribution="trl",
+    affected=">=0.28.0",
+    module="trl.generation.vllm_generation",
+    apply=apply,
+    probe=probe,
+    summary="SHIM_SLEEP_LEVEL=1|2: every sleep of VLLMGeneration's colocated engine (hard-coded level 2) runs "
+            "at that level; level 1 keeps the weights across the sleep",
+    verified="CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in (every sleep at level 1, the "
+             "woken weights the ones slept with; unset: level 2)",
+)
+
+PATCHES = [PATCH]

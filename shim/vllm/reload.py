@@ -1,0 +1,216 @@
+"""A trainer's weight push through vLLM's own reload path, so what vLLM derives from the weights follows them.
+
+vLLM finishes a model load with ``process_weights_after_loading``: quantized layers quantize or
+repack their weights, MoE layers put the experts in their kernel's layout (FlashInfer CUTLASS swaps
+``w13`` to ``w31``, TRT-LLM blocks it: vllm#42821), and MLA attention (DeepSeek-V2/V3,
+``model_executor/layers/attention/mla_attention.py``) derives ``W_UK_T`` / ``W_UV`` from
+``kv_b_proj`` -- its own copies where ``kv_b_proj`` is quantized (a view of the weight where it is
+not). A raw ``model.load_weights([(name, tensor)])`` -- the colocated push of TRL (``VLLMGeneration.
+sync_weights``, ``OnlineDPOTrainer._move_model_to_vllm``, the 0.x trainers' ``_move_model_to_vllm``)
+-- writes the checkpoint-format tensor and runs none of it: decode keeps multiplying by the initial
+checkpoint's matrices (after a level-2 sleep, by whatever the re-mapped pages hold).
+
+vLLM's own path for new weights in checkpoint format is ``GPUModelRunner.reload_weights(
+weights_iterator=..., is_checkpoint_format=True)`` (vLLM 0.16.0+, read in the 0.16.0, 0.20.0, 0.24.0 and
+0.33.0 wheels; 0.15.1 has only a disk ``reload_weights()``): ``initialize_layerwise_reload(model)``,
+``model.load_weights(...)``, ``finalize_layerwise_reload(model, model_config)``. It must run ONCE
+per push: a reload per tensor (or per chunk) finalizes every layer the chunk did not complete
+(SkyRL#1680 / #1737). The trainer's push calls ``model.load_weights`` once per tensor, inside its own
+gather / merge contexts, so its tensors cannot be handed over as one iterator; :func:`session` opens
+the reload around the whole push instead -- what vLLM's ``Worker.start_weight_update`` /
+``update_weights`` / ``finish_weight_update`` do for chunked updates (0.24). The encoder and
+multi-modal cache reset that 0.24's ``reload_weights`` adds after the finalize is left to
+``trl-vlm-encoder-cache`` (``shim.vllm.caches``), which already follows these pushes and has its own
+switch.
+
+The finalize assigns what ``process_weights_after_loading`` derives as NEW tensors (``self.W_UV =
+...``), made outside the sleep pool (the reload runs outside ``use_memory_pool``), at addresses no
+captured CUDA graph knows: vLLM keeps the storage of parameters and buffers
+(``_copy_and_restore_kernel_tensors``), not that of plain attributes. :func:`session` copies each
+re-derived plain attribute into the storage it had before the push -- inside the weights pool,
+where the CUDA graphs point -- and puts that tensor back (0.33 does the same for MLA with
+``replace_parameter``). One that changed shape or dtype stays new (one DEBUG line).
+
+Before 0.16 (no layerwise reload): the push runs as it is, then every attention layer whose own
+parameters or ``kv_b_proj`` it wrote re-runs its ``process_weights_after_loading`` (MLA re-derives;
+the quantized / repacked linear and MoE layers cannot be redone without the layerwise reload), with
+the same copy-back.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from shim.engine import log
+
+IN_SESSION = "_shim_push_session"
+"""Model attribute: a session is open on this model (a nested push joins it)."""
+REPROCESSED = "_shim_pushes_reprocess"
+"""Model attribute: a push into this model re-ran its attention layers' post-processing (``shim.vllm.buffers``
+reads it: the next push derives those layers' plain tensors again)."""
+
+
+def runner_of(llm):
+    """The model runner of a colocated engine (what TRL reaches through
+    ``llm.llm_engine.model_executor.driver_worker.model_runner``), or None."""
+    from shim.vllm import sleep_state
+
+    engine = sleep_state.engine_of(getattr(llm, "__wrapped__", llm))
+    worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
+    return getattr(worker, "model_runner", None)
+
+
+def pushes_reprocess(model) -> bool:
+    """Whether a push into ``model`` re-ran its attention layers' post-processing (a session ran on it)."""
+    return bool(vars(model).get(REPROCESSED, False))
+
+
+def _layerwise():
+    """``(initialize, finalize)`` of vLLM's layerwise reload, or None where this vLLM has none."""
+    try:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    except ImportError:
+        return None
+    return initialize_layerwise_reload, finalize_layerwise_reload
+
+
+def _plain_snapshot(model) -> list:
+    from shim.vllm import buffers
+
+    return [(owner, name, tensor) for owner, name, tensor, _ in buffers.plain_tensors(model)]
+
+
+def _same_layout(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride()
+
+
+def _put_back(snapshot) -> int:
+    """Re-derived plain attributes copied into their old storage; returns how many stayed new."""
+    import torch
+
+    moved = 0
+    with torch.no_grad():
+        for owner, name, old in snapshot:
+            new = vars(owner).get(name)
+            if new is old or not isinstance(new, torch.Tensor):
+                continue
+            if not _same_layout(old, new):
+                moved += 1
+                continue
+            if new.data_ptr() != old.data_ptr():
+                old.copy_(new)
+            setattr(owner, name, old)
+    return moved
+
+
+def _attention_classes() -> tuple:
+    try:
+        from vllm.model_executor.layers.attention import Attention, MLAAttention
+    except ImportError:
+        return ()
+    return Attention, MLAAttention
+
+
+def _touched_attention(model, written: set) -> list:
+    """Attention layers whose own parameters or ``kv_b_proj`` (on the layer or its ``impl``) were written."""
+    classes = _attention_classes()
+    out = []
+    for module in model.modules() if classes else ():
+        if not isinstance(module, classes):
+            continue
+        params = list(module.parameters())
+        kv_b_proj = getattr(getattr(module, "impl", None), "kv_b_proj", None)
+        if kv_b_proj is not None and hasattr(kv_b_proj, "parameters"):
+            params += list(kv_b_proj.parameters())
+        if any(id(p) in written for p in params):
+            out.append(module)
+    return out
+
+
+class _Push:
+    """One push into ``model``: ``model.load_weights`` is wrapped (an instance attribute) for its duration.
+    The first call opens vLLM's layerwise reload -- not before: the trainer's ``wake_up(["weights"])`` comes
+    first, and vLLM's level-2 buffer restore in it must find the real buffers, not the meta tensors the
+    reload puts in their place -- and every call records the parameters it reports loaded."""
+
+    def __init__(self, model, layerwise):
+        self.model, self.layerwise = model, layerwise
+        self.opened = False
+        self.written: set = set()
+        self._by_name = None
+
+    def load_weights(self, original, weights, *args, **kwargs):
+        if self.layerwise is not None and not self.opened:
+            try:
+                self.layerwise[0](self.model)
+                self.opened = True
+            except Exception as exc:  # vLLM's internals changed: the push goes in raw, as without the shim
+                self.layerwise = None
+                _warn_once(f"vLLM's initialize_layerwise_reload failed ({type(exc).__name__}: {exc}): pushes are "
+                           f"written raw, what process_weights_after_loading derives is not refreshed")
+        loaded = original(weights, *args, **kwargs)
+        if self.layerwise is None:
+            if self._by_name is None:
+                self._by_name = dict(self.model.named_parameters())
+            for name in loaded or ():
+                param = self._by_name.get(name)
+                if param is not None:
+                    self.written.add(id(param))
+        return loaded
+
+    @contextlib.contextmanager
+    def installed(self):
+        model, original = self.model, self.model.load_weights
+
+        def load_weights(weights, *args, **kwargs):
+            return self.load_weights(original, weights, *args, **kwargs)
+
+        model.load_weights = load_weights
+        try:
+            yield
+        finally:
+            try:
+                del model.load_weights  # the instance attribute: the class's method shows again
+            except AttributeError:
+                model.load_weights = original
+
+
+@contextlib.contextmanager
+def session(llm):
+    """Around ONE trainer push into ``llm``: vLLM's layerwise reload (0.16+) or, before it, the touched
+    attention layers re-processed; re-derived plain attributes back in their old storage. Where the
+    engine cannot be reached, or a session is already open on it, the push runs as it is."""
+    runner = runner_of(llm)
+    model = getattr(runner, "model", None)
+    if model is None or vars(model).get(IN_SESSION):
+        yield
+        return
+    snapshot = _plain_snapshot(model)
+    push = _Push(model, _layerwise())
+    setattr(model, IN_SESSION, True)
+    try:
+        with push.installed():
+            try:
+                yield
+            finally:
+                if push.opened:
+                    push.layerwise[1](model, runner.model_config)
+        if not push.opened:
+            for module in _touched_attention(model, push.written):
+                module.process_weights_after_loading(runner.model_config.dtype)
+    finally:
+        setattr(model, IN_SESSION, False)
+        moved = _put_back(snapshot)
+    if moved:
+        log.debug(f"push re-derived {moved} plain tensor(s) with a new shape or dtype: they stay outside the "
+                  f"storage they had (and the sleep pool)")
+    if push.opened or push.written:
+        setattr(model, REPROCESSED, True)
+
+
+_warned: list = []
+
+
+def _warn_once(message: str) -> None:
+    if not _warned:
+        _warned.append(message)
+        log.warning(message)

@@ -1,0 +1,1 @@
+"""Mirrors vllm_ascend/ops (the parts the stand-in needs)."""

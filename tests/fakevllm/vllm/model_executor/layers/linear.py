@@ -1,0 +1,13 @@
+"""Mirrors vllm/model_executor/layers/linear.py ``UnquantizedLinearMethod`` (0.24): what every
+``LinearBase`` of an unquantized model holds as ``quant_method``; its
+``process_weights_after_loading`` leaves the weight as loaded.
+
+The fake keeps transformers' ``nn.Linear`` modules and sets ``quant_method`` on each at load
+(``GPUModelRunner.load_model``), as vLLM's ``LinearBase.__init__`` does.
+"""
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+
+class UnquantizedLinearMethod(QuantizeMethodBase):
+    def process_weights_after_loading(self, layer) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""Mirrors vllm/model_executor/layers/quantization (subset)."""

@@ -1,0 +1,198 @@
+"""A level-2 sleep loses plain tensor attributes (patches/vllm_level2_buffers.py ``vllm-level2-tensors``).
+
+vLLM's ``Worker.sleep(level=2)`` saves ``named_buffers()`` only. A tiny DeepSeek-V2 on the stand-in with
+a quantized ``kv_b_proj`` (``FAKEVLLM_QUANTIZATION=fp8``) keeps MLA's ``W_UK_T`` / ``W_UV`` as plain
+attributes of its own storage in the weights pool (vLLM 0.24 ``MLAAttention.process_weights_after_loading``;
+on ``layer.impl`` up to 0.15): the sleep discards them, the wake maps undefined pages under them, and a
+trainer's push (parameters only, raw ``load_weights``) does not rewrite them. Here the push writes the
+weights the engine already had, so the engine must generate as before the sleep.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.support.stand_in import run
+
+BODY = """
+import logging
+lines = []
+class Collect(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("shim").addHandler(Collect())
+llm = new_llm()
+r = runner(llm)
+mla = r.mla_layers[0]
+holder = mla.impl if mla.impl is not None else mla
+R["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
+if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.reload first (what trl-push-reprocess does)
+    from shim.vllm import reload
+    with reload.session(llm):
+        r.model.load_weights([(n, p.detach().clone()) for n, p in r.model.named_parameters()])
+before = gen(llm)
+derived = [m.absorbed_weight().clone() for m in r.mla_layers]
+params = [(n, p.detach().clone()) for n, p in r.model.named_parameters()]
+llm.sleep(level=2)
+order = os.environ.get("TEST_ORDER", "weights")
+if order == "kv_cache":
+    llm.wake_up(tags=["kv_cache"])
+llm.wake_up(tags=["weights"])
+for n, t in params:                       # the trainer's push: parameters only, raw load_weights
+    r.model.load_weights([(n, t)])
+if order == "weights":
+    llm.wake_up(tags=["kv_cache"])
+R["derived_back"] = all(torch.equal(m.absorbed_weight(), d) for m, d in zip(r.mla_layers, derived))
+R["same_output"] = gen(llm) == before
+R["kept_lines"] = [l for l in lines if "plain tensors kept" in l]
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_mla_model
+
+    return make_tiny_mla_model(str(tmp_path_factory.mktemp("mla") / "m"), seed=0)
+
+
+def both(model_dir, **kw):
+    off, _ = run(model_dir, BODY, shim=False, FAKEVLLM_QUANTIZATION="fp8", **kw)
+    on, proc = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8", **kw)
+    return off, on, proc
+
+
+def test_cuda_plain_tensors_survive_level2(model_dir):
+    off, on, proc = both(model_dir)
+    assert off["view"] is False
+    assert off["derived_back"] is False and off["same_output"] is False  # the bug
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+    # the shim's sleep line counts them: 2 layers x one dequantized [N*(P+V), L] float32 copy (2 KiB each)
+    assert len(on["kept_lines"]) == 1 and "plain tensors kept: 2 storage(s), 4096 bytes" in on["kept_lines"][0]
+    disabled, _ = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8",
+                      SHIM_DISABLED_PATCHES="vllm-level2-tensors")
+    assert disabled["derived_back"] is False
+
+
+def test_cuda_kv_cache_first_wake(model_dir):
+    """The restore waits for the weights tag (a kv_cache-first wake would write into unmapped pages). Without
+    the shim this order faults in vLLM's own buffer restore (vllm#45619, ``vllm-level2-buffers``), so the
+    failing half is the shim with this patch disabled."""
+    env = dict(FAKEVLLM_QUANTIZATION="fp8", TEST_ORDER="kv_cache")
+    off, _ = run(model_dir, BODY, shim=True, SHIM_DISABLED_PATCHES="vllm-level2-tensors", **env)
+    assert off["derived_back"] is False
+    on, proc = run(model_dir, BODY, shim=True, **env)
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+
+
+def test_npu_plain_tensors_survive_level2(model_dir):
+    off, _ = run(model_dir, BODY, shim=False, device="npu", FAKEVLLM_QUANTIZATION="fp8")
+    on, proc = run(model_dir, BODY, shim=True, device="npu", FAKEVLLM_QUANTIZATION="fp8")
+    assert off["derived_back"] is False
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+    disabled, _ = run(model_dir, BODY, shim=True, device="npu", FAKEVLLM_QUANTIZATION="fp8",
+                      SHIM_DISABLED_PATCHES="vllm-ascend-level2-tensors")
+    assert disabled["derived_back"] is False
+
+
+def test_vllm_010_matrices_on_the_impl(model_dir):
+    """Up to vLLM 0.15 the matrices live on the attention backend object (``layer.impl``)."""
+    off, _ = run(model_dir, BODY, shim=False, version="0.10.2", FAKEVLLM_QUANTIZATION="fp8")
+    on, proc = run(model_dir, BODY, shim=True, version="0.10.2", FAKEVLLM_QUANTIZATION="fp8")
+    assert off["derived_back"] is False
+    assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
+
+
+def test_views_of_parameters_are_not_copied(model_dir):
+    """Unquantized: W_UV is a view of kv_b_proj.weight; the push rewrites it, nothing is kept."""
+    on, proc = run(model_dir, BODY, shim=True)
+    assert on["view"] is True and on["derived_back"] is True and on["same_output"] is True, proc.stderr
+    assert on["kept_lines"] == []
+
+
+def test_not_kept_where_the_push_rederives(model_dir):
+    """After a push through vLLM's reload (shim.vllm.reload), the attention layers' attributes are derived
+    again by the next push: not copied (a raw push, as here, then leaves them as the wake found them)."""
+    on, proc = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8", TEST_SESSION="1")
+    assert on["kept_lines"] == [], proc.stderr
+    assert on["derived_back"] is False
+
+
+def test_probe_stands_down_where_sleep_saves_module_attributes():
+    from shim.vllm import buffers
+
+    class Worker:
+        def sleep(self, level=1):
+            if level == 2:
+                self._sleep_saved_buffers = {n: b.cpu() for n, b in self.model.named_buffers()}
+
+        def wake_up(self, tags=None):
+            pass
+
+    class Fixed(Worker):
+        def sleep(self, level=1):
+            if level == 2:
+                self._sleep_saved_buffers = {n: b.cpu() for n, b in self.model.named_buffers()}
+                self._saved = {m: dict(vars(m)) for m in self.model.modules()}
+
+        def wake_up(self, tags=None):
+            pass
+
+    class Delegates(Worker):
+        def sleep(self, level=1):
+            super().sleep(level)
+
+        def wake_up(self, tags=None):
+            pass
+
+    class Inherits(Worker):
+        pass
+
+    assert buffers.probe_plain(Worker) is None
+    assert buffers.probe_plain(Delegates) is None  # vllm-ascend style: its sleep, the save through super()
+    assert buffers.probe_plain(Fixed).startswith("fixed upstream")
+    assert buffers.probe_plain(Inherits).startswith("upstream shape changed")
+
+
+def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):
+    """Which storages a level-2 sleep copies (``shim.vllm.buffers._plain_to_keep``), on a small module tree
+    whose every storage lies in the weights pool (the stand-in keeps parameters in one fake allocation,
+    so the view rule is checked here): a plain tensor of its own storage is kept once (two views of one
+    storage, one copy); views of a parameter or a buffer are not; an attention layer's attributes are not
+    once the pushes into the model re-run its post-processing."""
+    import types
+
+    import torch
+
+    from shim.vllm import buffers, reload, sleep_pool
+
+    attention = types.ModuleType("vllm.model_executor.layers.attention")
+
+    class MLAAttention(torch.nn.Module):
+        pass
+
+    attention.Attention, attention.MLAAttention = type("Attention", (torch.nn.Module,), {}), MLAAttention
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.attention", attention)
+
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(4, 4)
+    model.proj.register_buffer("table", torch.arange(4.0))
+    model.proj.weight_t = model.proj.weight.T          # view of a parameter
+    model.proj.table_view = model.proj.table[1:]       # view of a buffer
+    own = torch.randn(8)
+    model.proj.own, model.proj.own_half = own, own[:4]  # one storage, two attributes
+    model.mla = MLAAttention()
+    model.mla.W_UV = torch.randn(3, 2)
+    tensors = [model.proj.weight, model.proj.table, own, model.mla.W_UV]
+    monkeypatch.setattr(sleep_pool, "spans", lambda tag: [(t.untyped_storage().data_ptr(),
+                                                          t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                                                         for t in tensors])
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
+
+    def kept():
+        return sorted(ptr for ptr, _ in buffers._plain_to_keep(worker))
+
+    ptr = {name: t.untyped_storage().data_ptr() for name, t in (("own", own), ("W_UV", model.mla.W_UV))}
+    assert kept() == sorted([ptr["own"], ptr["W_UV"]])
+    setattr(model, reload.REPROCESSED, True)
+    assert kept() == [ptr["own"]]
