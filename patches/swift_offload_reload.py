@@ -5,8 +5,10 @@ Upstream: modelscope/ms-swift#10109 (PR, merged: reload only the models offload_
           vLLM's construction, worked around by skipping offload_context there for FSDP2 only)
 Affects:  ms-swift >=4.0.0 GKDTrainer.offload_context (4.6.0 included), >=4.0.0,<4.6.0 GRPOTrainer.offload_context,
           with --offload_model true (colocate vLLM): at vLLM's construction (prepare_rollout, before
-          accelerator.prepare) whenever the student / policy is still on the CPU there (DeepSpeed ZeRO-2 per #10109;
-          FSDP2 in 4.0.0-4.4.x) and at every rollout where it stays on the CPU (FSDP2 with CPU offload)
+          accelerator.prepare) whenever the student / policy is still on the CPU there: FSDP2 in 4.0.0-4.4.x
+          (device_map None; 4.5.0 skips that context for FSDP2), DeepSpeed ZeRO-2 as #10109 reports it (ms-swift's
+          own loader puts a ZeRO-2 model on cuda:LOCAL_RANK: a CPU load is the user's or a loader's choice);
+          inferred, not run: every rollout where the model stays on the CPU (FSDP2 with CPU offload)
 Remove:   when ms-swift's GKDTrainer.offload_context reloads only what it moved and the shim's minimum supported
           ms-swift has it
 

@@ -13,8 +13,8 @@ its ``GKDConfig`` / ``GRPOConfig`` (colocate, ``sleep_level=1``, ``offload_model
 ``load_model`` on the way out), before any ``accelerator.prepare``.
 
 Placement (test side): the trained model is ms-swift's own HF model (``get_model_processor``), on the CPU as
-it is before ``accelerator.prepare`` where nothing placed it on a device (FSDP2: ``device_map=None``;
-DeepSpeed ZeRO-2 per #10109). ``--ref-model`` (GRPO): a reference model on the device (its parameters adopted
+it is before ``accelerator.prepare`` where nothing placed it on a device (FSDP2: ``device_map=None``; a
+ZeRO-2 model loaded on the CPU, the case #10109 reports). ``--ref-model`` (GRPO): a reference model on the device (its parameters adopted
 as device memory), as ``prepare_deepspeed`` / ``accelerator.prepare_model`` leave it. ``--rollout-offload``:
 afterwards the trained model is put on the device (adopted, as ``accelerator.prepare`` does) and one more
 ``offload_context`` runs, as around a rollout.
