@@ -103,7 +103,7 @@ def expert_target(name: str) -> "tuple[str, str, int] | None":
 
 def convert(model: nn.Module) -> int:
     """Replace every transformers ``experts`` ModuleList of gated MLPs with a :class:`FusedMoE` holding the
-    same values, then run the quant method's ``process_weights_after_loading``; returns how many."""
+    same values (the layout is processed later, once, by the loader); returns how many."""
     count = 0
     for module in list(model.modules()):
         experts = getattr(module, "experts", None)
@@ -118,7 +118,6 @@ def convert(model: nn.Module) -> int:
                 fused.weight_loader(fused.w13_weight, mlp.gate_proj.weight, "", "w1", e)
                 fused.weight_loader(fused.w13_weight, mlp.up_proj.weight, "", "w3", e)
                 fused.weight_loader(fused.w2_weight, mlp.down_proj.weight, "", "w2", e)
-        module.experts = fused
-        fused.quant_method.process_weights_after_loading(fused)
-        count += 1
+        module.experts = fused  # its quant method processes the layout once, in the loader's
+        count += 1              # process_weights_after_loading (model_loader/utils.py), as vLLM's does
     return count

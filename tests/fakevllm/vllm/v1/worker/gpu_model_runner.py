@@ -130,7 +130,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         from vllm.model_executor.layers import fused_moe
 
         hf = self._from_disk()
-        fused_moe.convert(hf)  # MoE models: vLLM's fused experts (w13_weight / w2_weight), processed
+        fused_moe.convert(hf)  # MoE models: vLLM's fused experts (w13_weight / w2_weight)
         hf.eval()
         hf.requires_grad_(False)
         hf.__class__ = type("Fake" + type(hf).__name__, (type(hf), VllmModelMixin), {})
