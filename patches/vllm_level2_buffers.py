@@ -60,7 +60,7 @@ def _plain_binding(class_name):
 
         cls = getattr(module, class_name, None)
         if cls is None or not callable(getattr(cls, "wake_up", None)):
-            return f"upstream shape changed (no {class_name}.sleep/wake_up)"
+            return changed(f"no {class_name}.sleep/wake_up")
         return buffers.probe_plain(cls)
 
     def apply(module, patcher):

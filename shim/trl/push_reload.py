@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import inspect
 
+from shim.engine.probes import changed
+
 
 def _raw_push(cls) -> "str | None":
     """None where ``cls`` pushes with a raw ``model.load_weights``; else why the patch stands down."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
-        return f"upstream shape changed (source of {cls.__name__} unavailable)"
+        return changed(f"source of {cls.__name__} unavailable")
     if any(marker in source for marker in ("initialize_layerwise_reload", "reload_weights(weights_iterator",
                                            "start_weight_update")):
         return f"fixed upstream ({cls.__name__} pushes through vLLM's reload)"
     if ".load_weights(" not in source:
-        return f"upstream shape changed ({cls.__name__} has no model.load_weights push)"
+        return changed(f"{cls.__name__} has no model.load_weights push")
     return None
 
 
