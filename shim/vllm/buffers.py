@@ -201,9 +201,9 @@ def restore_plain(wrapped, instance, args, kwargs):
 def kept_note(engine) -> str:
     """For the shim's sleep line: the plain tensor storages the engine's worker holds for its weights wake."""
     from shim.observe import events
-    from shim.vllm import wake_plan
+    from shim.vllm import engines
 
-    worker = getattr(wake_plan.executor_of(engine), "driver_worker", None)
+    worker = getattr(engines.executor_of(engine), "driver_worker", None)
     try:
         saved = getattr(worker, SAVED_PLAIN, None) or {}
     except Exception:  # a worker proxy that raises for unknown names
