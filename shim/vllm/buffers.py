@@ -203,14 +203,14 @@ def kept_note(engine) -> str:
     from shim.observe import events
     from shim.vllm import engines
 
-    worker = getattr(engines.executor_of(engine), "driver_worker", None)
-    try:
+    try:  # a note for a log line: it never fails the sleep it describes (a worker proxy may raise)
+        worker = getattr(engines.executor_of(engine), "driver_worker", None)
         saved = getattr(worker, SAVED_PLAIN, None) or {}
-    except Exception:  # a worker proxy that raises for unknown names
+        nbytes = sum(host.nbytes() for _, host in saved.values())
+    except Exception:
         return ""
     if not saved:
         return ""
-    nbytes = sum(host.nbytes() for _, host in saved.values())
     return (f"plain tensors kept: {len(saved)} storage(s), {nbytes} bytes ({events.gib(nbytes)} GiB) copied to "
             f"the host, restored at the weights wake")
 

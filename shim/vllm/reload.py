@@ -64,6 +64,31 @@ def pushes_reprocess(model) -> bool:
     return bool(vars(model).get(REPROCESSED, False))
 
 
+NEEDS = "_shim_needs_reprocess"
+"""Model attribute: :func:`needs_reprocess`'s answer, computed once per model."""
+DERIVING = ("MLAAttention",)
+"""vLLM layer classes whose ``process_weights_after_loading`` derives tensors from unquantized weights
+(MoE layers are told by their quant method: ``UnquantizedFusedMoEMethod`` re-lays the experts too)."""
+
+
+def needs_reprocess(model) -> bool:
+    """Whether vLLM derives anything from ``model``'s weights after a load that a raw push leaves stale:
+    MLA attention, fused MoE experts, or a quantized layer (a quant method other than vLLM's
+    ``Unquantized*``). A dense unquantized model derives nothing: its pushes run exactly as without the
+    shim, outside any reload session."""
+    cached = vars(model).get(NEEDS)
+    if cached is None:
+        cached = False
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            kind = type(method).__name__ if method is not None else ""
+            if type(module).__name__ in DERIVING or (kind and ("MoE" in kind or not kind.startswith("Unquantized"))):
+                cached = True
+                break
+        setattr(model, NEEDS, cached)
+    return cached
+
+
 def _layerwise():
     """``(initialize, finalize)`` of vLLM's layerwise reload, or None where this vLLM has none."""
     try:
@@ -178,10 +203,11 @@ class _Push:
 def session(llm):
     """Around ONE trainer push into ``llm``: vLLM's layerwise reload (0.16+) or, before it, the touched
     attention layers re-processed; re-derived plain attributes back in their old storage. Where the
-    engine cannot be reached, or a session is already open on it, the push runs as it is."""
+    engine cannot be reached, a session is already open on it, or the model derives nothing from its
+    weights (:func:`needs_reprocess`: a dense unquantized model), the push runs as it is."""
     runner = runner_of(llm)
     model = getattr(runner, "model", None)
-    if model is None or vars(model).get(IN_SESSION):
+    if model is None or vars(model).get(IN_SESSION) or not needs_reprocess(model):
         yield
         return
     snapshot = _plain_snapshot(model)
