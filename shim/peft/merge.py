@@ -28,6 +28,7 @@ import sys
 from contextlib import contextmanager
 
 from shim.engine import log
+from shim.engine.patcher import for_the_call
 from shim.observe import events
 
 _LORA_CLASSES = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")
@@ -164,10 +165,6 @@ class Push:
 
     @contextmanager
     def standing_in(self):
-        model = self.model
-        model.merge_adapter, model.unmerge_adapter = self.merge_adapter, self.unmerge_adapter
-        try:
+        with for_the_call(self.model, "merge_adapter", self.merge_adapter), \
+                for_the_call(self.model, "unmerge_adapter", self.unmerge_adapter):
             yield self
-        finally:
-            del model.merge_adapter
-            del model.unmerge_adapter

@@ -22,8 +22,8 @@ dicts without ``_load_state_dict_to_vllm``); a layer the out-of-place path canno
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import contextmanager
 
+from shim.engine.patcher import for_the_call
 from shim.peft import merge
 
 LOAD = "_load_state_dict_to_vllm"
@@ -48,8 +48,6 @@ class _Merged(Mapping):
 def _why_not(trainer) -> "str | None":
     if getattr(trainer, "_is_fsdp2", False):
         return "FSDP2 (ms-swift merges out of place there itself)"
-    if LOAD in vars(trainer):
-        return f"{LOAD} replaced on the trainer by someone else"
     if getattr(trainer, "vllm_mode", None) == "colocate":
         from transformers.utils import is_torch_npu_available
 
@@ -58,14 +56,10 @@ def _why_not(trainer) -> "str | None":
     return None
 
 
-@contextmanager
 def _loading_merged(trainer, push):
     own = getattr(trainer, LOAD)
-    setattr(trainer, LOAD, lambda state_dict, *args, **kwargs: own(_Merged(state_dict, push), *args, **kwargs))
-    try:
-        yield
-    finally:
-        delattr(trainer, LOAD)
+    return for_the_call(trainer, LOAD,
+                        lambda state_dict, *args, **kwargs: own(_Merged(state_dict, push), *args, **kwargs))
 
 
 def move_model_to_vllm(patch_id: str):

@@ -22,8 +22,9 @@ untouched.
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
+from shim.engine.patcher import for_the_call
 from shim.peft import merge
 
 
@@ -64,31 +65,23 @@ def _destination(obj) -> tuple:
         client = getattr(obj, "vllm_client", None)
         if client is None:  # a rank that pushes nothing (TRL pushes from the main process only)
             return None, None, None
-        if "update_named_param" in vars(client):
-            return "update_named_param replaced on the vLLM client by someone else"
         return client, "update_named_param", lambda push, args: (args[0], push.tensor(args[1]), *args[2:])
     model = _engine_model(getattr(obj, "llm", None)) if mode == "colocate" else None
     if model is None:
         return f"no colocated engine model to push into (mode {mode!r})"
-    if "load_weights" in vars(model):
-        return "load_weights replaced on the engine model by someone else"
     return model, "load_weights", lambda push, args: ([(n, push.tensor(t)) for n, t in args[0]], *args[1:])
 
 
-@contextmanager
 def _through(push, owner, name, transform):
-    """``owner.name`` calls its own method with ``transform``ed arguments, for the one push (a call by keyword
-    passes as it is: the unmerge then warns about the tensors that went without the adapter)."""
+    """``owner.name`` calls what was there with ``transform``ed arguments, for the one push (stacks with
+    other stand-ins of the same name, e.g. the shim's reload session; a call by keyword passes as it is:
+    the unmerge then warns about the tensors that went without the adapter)."""
     own = getattr(owner, name)
 
     def through(*args, **kwargs):
         return own(*(transform(push, args) if args and not kwargs else args), **kwargs)
 
-    setattr(owner, name, through)
-    try:
-        yield
-    finally:
-        delattr(owner, name)
+    return for_the_call(owner, name, through)
 
 
 def pushes_merged(patch_id: str):

@@ -18,7 +18,8 @@ After each sync the summary records, through ``tests.support.lora_check``: the f
 elements whose bytes differ from the model TRL built (``base_changed``), the received elements
 further than one bfloat16 rounding from the base plus adapter merged out of place (``beyond``),
 and per LoRA layer class the elements the adapter moves (``effect``); ``shim_warnings``: the
-shim's WARNING lines.
+shim's WARNING lines; ``left_behind``: attributes of their own the model, the client or the pusher
+still have after the syncs that they had not before (a stand-in not taken out).
 """
 import argparse
 import json
@@ -117,6 +118,8 @@ def main():
         gen.mode, gen.vllm_client, push = "server", server, gen.sync_weights
     else:  # 0.23-0.27: the trainer pushes itself
         trainer.vllm_mode, trainer.vllm_client, push = "server", server, trainer._move_model_to_vllm
+    owners = {"model": model, "client": server, "pusher": gen if gen is not None else trainer}
+    before = {k: set(vars(o)) for k, o in owners.items()}
     syncs = []
     for _ in range(a.syncs):
         push()
@@ -128,6 +131,7 @@ def main():
 
     print(json.dumps({"trl": trl.__version__, "syncs": syncs, "updates": server.updates, "resets": server.resets,
                       "received": len(server.weights), "shim_warnings": warnings,
+                      "left_behind": {k: sorted(set(vars(o)) - before[k]) for k, o in owners.items()},
                       "decisions": {k: d.text() for k, d in registry.decisions().items()}}))
 
 

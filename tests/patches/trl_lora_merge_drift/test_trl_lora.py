@@ -73,6 +73,7 @@ def test_server_mode_lora_push_keeps_the_frozen_base(version):
     on = server(version, "before")
     assert on["decisions"][RECORD[version]] == "applied"
     assert on["resets"] == 4 and on["received"] == off["received"] > 0
+    assert on["left_behind"] == off["left_behind"], on["left_behind"]  # every stand-in taken out again
     for sync in on["syncs"]:
         assert sync["base_changed"] == 0 and sync["beyond"] == 0, on["syncs"]
         assert_adapter_visible(sync["effect"])
