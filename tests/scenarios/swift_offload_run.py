@@ -67,13 +67,14 @@ def main():
         os.environ.setdefault(k, v)
     # deepspeed's CPU backend JIT-compiles a shared-memory all-reduce op (60-90 s); not needed here
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    from shim.engine import registry  # the record only: importing it activates nothing
+    from shim.engine.patcher import MARKER
+
     if a.shim:
         import shim.auto  # noqa: F401
     elif a.wide_probe:
-        from shim.engine import registry
         from shim.engine.catalog import patch_module
         from shim.engine.patch import Patch
-        from shim.engine.patcher import MARKER
 
         p = patch_module("swift_zero3_offload").PATCH
         registry.activate([Patch(id=p.id, issue=p.issue, distribution=p.distribution,
@@ -168,8 +169,6 @@ def main():
               "values_kept": all(torch.equal(x, y) for x, y in zip(before, after))}
     device_total = DEVICE.total  # the GPU of the vLLM construction (the second phase enlarges it)
     train = trained_model_offload(t, model, params, partition_bytes, residency, DEVICE) if a.train_engine else None
-
-
 
     owner = next(c for c in type(t).__mro__ if "offload_model" in vars(c))
     print(json.dumps({
