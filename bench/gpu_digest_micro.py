@@ -9,8 +9,10 @@ plain ``sum`` of one large buffer reaches here). Variants:
 - ``v1-exact`` / ``v1-sample``: the digest before this change (``bench/digest_v1.py``):
   int8 ``_int_mm`` over packed buffers; sample = 8 whole tensors of the rotating slice.
 - ``exact-<route>[-br<B>]`` / ``sample-<route>``: ``shim.verify.digest`` with
-  ``ROUTE=<route>`` (``triton``, ``torch``) and ``BLOCK_ROWS=<B>``; sample = 8 tensors of the
-  rotating slice, ~``compare.ELEMENTS`` elements each (``compare.rows``).
+  ``ROUTE=<route>`` (``triton``, ``torch``) and ``BLOCK_ROWS=<B>``, each side's pieces in one
+  ``partials_many`` call (as ``compare`` does: the ``triton`` route launches once per kind of
+  source); sample = 8 tensors of the rotating slice, ~``compare.ELEMENTS`` elements each
+  (``compare.rows``).
 
 Each new variant is also checked: engine digests == trainer digests (the engine holds the
 trainer's weights rounded to bf16), one changed element is seen, and its digests equal the
@@ -132,8 +134,8 @@ def v2_variant(engine, trainer, sample: bool, route: str, block: "int | None"):
     def run(check=0):
         idx, spec = pieces(check)
         pick = (lambda v: compare.rows(v, *spec)) if spec else (lambda v: v)
-        parts = [digest.partials(pick(engine[j])) for j in idx]
-        parts += [digest.partials(pick(trainer[j]), torch.bfloat16) for j in idx]
+        parts = digest.partials_many([pick(engine[j]) for j in idx])  # as compare.fingerprint (engine side)
+        parts += digest.partials_many([pick(trainer[j]) for j in idx], [torch.bfloat16] * len(idx))  # trainer side
         flat = digest.collect(parts)
         return flat[:len(idx)], flat[len(idx):]
 
@@ -161,8 +163,8 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--variants", default="v1-exact,v1-sample,exact-triton-br1,exact-triton-br4,"
-                                          "exact-triton-br16,exact-triton-br32,exact-torch,sample-triton,sample-torch")
+    ap.add_argument("--variants", default="v1-exact,v1-sample,exact-triton-br4,exact-triton-br8,exact-triton-br16,"
+                                          "exact-triton-br32,exact-torch,sample-triton,sample-torch")
     ap.add_argument("--step-s", type=float, default=1.26, help="GRPO step seconds (share of a step)")
     args = ap.parse_args()
     device = torch.device(args.device)

@@ -103,9 +103,12 @@ class Gathered:
         self.params = params
         self.names = list(dict.fromkeys(names))
         self._ctx = None
+        self.sharded = False
+        """True where a tensor was gathered or made whole for the context only (freed on exit)."""
 
     def __enter__(self) -> dict:
         sharded = [self.params[n] for n in self.names if hasattr(self.params[n], "ds_id")]
+        self.sharded = bool(sharded) or any(callable(getattr(self.params[n], "full_tensor", None)) for n in self.names)
         if sharded:
             import deepspeed
 
@@ -128,19 +131,25 @@ def trainer_digests(desc: dict, names: list, params: dict, spec=None) -> list:
     """What :func:`fingerprint` must return for ``names`` (and the ``sample`` request ``spec``)
     on the worker ``desc`` describes, computed from the trainer's tensors (one digest per
     piece, per name; the trainer tensors of one name gathered at a time)."""
-    parts, owners = [], []
+    parts, owners, views, dtypes = [], [], [], []
     for name in names:
         d = desc["params"][name]
         lay, dtype = d["layout"], _dtype(d["dtype"])
-        with Gathered(params, [piece[0] for piece in lay["pieces"]]) as tensors:
+        gathered = Gathered(params, [piece[0] for piece in lay["pieces"]])
+        with gathered as tensors:
             for piece in lay["pieces"]:
                 t = tensors[piece[0]]
                 if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
                     raise LookupError(f"{piece[0]}: trainer shape {list(t.shape)} does not hold rows "
                                       f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
                 view = layout.trainer_view(t, lay, piece)
-                parts.append(digest.partials(rows(view, *spec) if spec else view, dtype))
+                views.append(rows(view, *spec) if spec else view)
+                dtypes.append(dtype)
+            if gathered.sharded:  # gathered tensors are freed on exit: digest them first
+                parts += digest.partials_many(views, dtypes)
+                views, dtypes = [], []
         owners.append(len(lay["pieces"]))
+    parts += digest.partials_many(views, dtypes)  # all unsharded pieces together (one launch per kind)
     flat = digest.collect(parts)
     out, pos = [], 0
     for n in owners:

@@ -39,6 +39,8 @@ BLOCK_ROWS = 16
 """Rows one ``triton`` program reduces."""
 ROUTE = "auto"
 """``auto`` (``triton`` where its self-check on the device passes, else ``torch``), ``triton``, ``torch``."""
+TRITON_DEVICES = ("cuda",)
+"""Device types the ``triton`` route takes (tests add ``cpu`` under ``TRITON_INTERPRET=1``)."""
 MASK32 = 0xFFFFFFFF
 
 _lock = threading.Lock()
@@ -135,17 +137,29 @@ def _triton_kernel():
         import triton.language as tl
 
         @triton.jit
-        def fold(src, n, P, Q, out, KW: tl.constexpr, BR: tl.constexpr, NC: tl.constexpr, CAST: tl.constexpr):
+        def fold(ptrs, nel, bpiece, brow, P, Q, out, KW: tl.constexpr, BR: tl.constexpr, NC: tl.constexpr,
+                 CAST: tl.constexpr):
+            # one program: BR rows of one piece (a table maps the program to its piece and first row)
             pid = tl.program_id(0)
-            offs = pid.to(tl.int64) * (BR * KW) + tl.arange(0, BR * KW)
-            v = tl.load(src + offs, mask=offs < n, other=0)
-            if CAST == 1:
-                v = v.to(tl.bfloat16).to(tl.int16, bitcast=True)
+            piece = tl.load(bpiece + pid)
+            r0 = tl.load(brow + pid)
+            n = tl.load(nel + piece)
+            if CAST == 0:
+                base = tl.load(ptrs + piece).to(tl.pointer_type(tl.int16))
+            else:
+                base = tl.load(ptrs + piece).to(tl.pointer_type(tl.float32))
+            offs = r0 * KW + tl.arange(0, BR * KW).to(tl.int64)
+            v = tl.load(base + offs, mask=offs < n, other=0)
+            if CAST == 1:  # float32 -> bfloat16 bits, rounded to nearest even as torch's cast (NaN -> 0x7FC0)
+                b = v.to(tl.uint32, bitcast=True)
+                b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+                b = tl.where(v != v, 0x7FC0, b).to(tl.int32)
+                v = tl.where(b >= 0x8000, b - 0x10000, b)
             elif CAST == 2:
                 v = v.to(tl.float16).to(tl.int16, bitcast=True)
             w = tl.reshape(v.to(tl.int32), (BR, KW))
             k = tl.arange(0, KW)
-            r = pid.to(tl.int64) * BR + tl.arange(0, BR)
+            r = r0 + tl.arange(0, BR)
             for c in tl.static_range(NC):
                 pc = tl.load(P + k * NC + c)
                 s = tl.sum(w * pc[None, :], axis=1).to(tl.int64)
@@ -156,35 +170,70 @@ def _triton_kernel():
     return _kernel
 
 
-def _triton_partials(t, dtype):
+def _triton_source(t, dtype):
+    """``(flat source, CAST)`` for the kernel, or None where the ``torch`` route must do it (not a
+    CUDA tensor, not a 2-byte target, not a 2- or 4-byte float source)."""
     import torch
 
-    if dtype.itemsize != 2 or t.dtype.itemsize not in (2, 4) or not t.is_floating_point():
-        return _torch_partials(t, dtype)
+    if (t.device.type not in TRITON_DEVICES or dtype.itemsize != 2 or t.dtype.itemsize not in (2, 4)
+            or not t.is_floating_point()):
+        return None
     src = t.contiguous().reshape(-1)
     if src.dtype.itemsize == 2:
-        src, cast = src.to(dtype).view(torch.int16), 0
-    else:
-        cast = 1 if dtype == torch.bfloat16 else 2
-    n = src.numel()
-    rows = _rows_of(n, dtype)
-    progs = -(-rows // BLOCK_ROWS)
-    p, q = tables(src.device, progs * BLOCK_ROWS)
-    out = torch.empty(progs, COLS, dtype=torch.int64, device=src.device)
-    if n:
-        _triton_kernel()[(progs,)](src, n, p, q, out, KW=K, BR=BLOCK_ROWS, NC=COLS, CAST=cast)
-    else:
-        out.zero_()
+        return src.to(dtype).view(torch.int16), 0
+    return src, 1 if dtype == torch.bfloat16 else 2
+
+
+def _triton_many(pieces, dtypes) -> list:
+    """The ``triton`` route over many pieces: one kernel launch per kind of source (2-byte words,
+    float32 to bfloat16, float32 to float16) over every block of every piece of that kind, the
+    blocks' partials added per piece on the device (``index_add_``). Pieces it cannot take go
+    through the ``torch`` route."""
+    import torch
+
+    out = [None] * len(pieces)
+    groups: dict = {}
+    keep = []  # the flat sources (copies where a piece was not contiguous) until the launches are queued
+    for i, (t, d) in enumerate(zip(pieces, dtypes)):
+        got = _triton_source(t, d)
+        if got is None:
+            out[i] = _torch_partials(t, d)
+            continue
+        src, cast = got
+        keep.append(src)
+        groups.setdefault((str(src.device), cast), []).append((i, src))
+    for (dev, cast), members in groups.items():
+        nels = [src.numel() for _, src in members]
+        blocks = [-(-_rows_of(n, torch.bfloat16) // BLOCK_ROWS) for n in nels]
+        total = sum(blocks)
+        device = members[0][1].device
+        host = torch.tensor([[src.data_ptr() for _, src in members], nels, blocks], dtype=torch.int64)
+        table = host.to(device, non_blocking=False)
+        bpiece = torch.repeat_interleave(torch.arange(len(members), device=device), table[2], output_size=total)
+        starts = torch.cumsum(table[2], 0) - table[2]
+        brow = (torch.arange(total, device=device) - starts[bpiece]) * BLOCK_ROWS
+        p, q = tables(device, max(blocks) * BLOCK_ROWS)
+        partial = torch.empty(total, COLS, dtype=torch.int64, device=device)
+        _triton_kernel()[(total,)](table[0], table[1], bpiece, brow, p, q, partial, KW=K, BR=BLOCK_ROWS, NC=COLS,
+                                   CAST=cast)
+        sums = torch.zeros(len(members), COLS, dtype=torch.int64, device=device).index_add_(0, bpiece, partial)
+        for row, (i, _) in enumerate(members):
+            out[i] = sums[row:row + 1]
+    del keep
     return out
 
 
-ROUTES = {"triton": _triton_partials, "torch": _torch_partials}
+def _torch_many(pieces, dtypes) -> list:
+    return [_torch_partials(t, d) for t, d in zip(pieces, dtypes)]
+
+
+ROUTES = {"triton": _triton_many, "torch": _torch_many}
 
 
 def route(device) -> str:
     """The route for ``device``'s type: :data:`ROUTE`, or under ``auto`` the first of
     :data:`ROUTES` whose digests of a probe (random and extreme values, float32 rounded and
-    not, a ragged tail) equal the CPU ``torch`` route's."""
+    not, a ragged tail, several pieces in one call) equal the CPU ``torch`` route's."""
     import torch
 
     kind = torch.device(device).type
@@ -202,8 +251,9 @@ def route(device) -> str:
             if name == "torch":
                 break
             try:
-                ok = all(torch.equal(fn(t.to(device), d).sum(0).cpu(), _torch_partials(t, d).sum(0))
-                         for t in probe for d in (torch.bfloat16, torch.float16))
+                ok = all(torch.equal(got.sum(0).cpu(), _torch_partials(t, d).sum(0))
+                         for d in (torch.bfloat16, torch.float16)
+                         for t, got in zip(probe, fn([t.to(device) for t in probe], [d] * len(probe))))
             except Exception:  # not available on this device / build
                 ok = False
             if ok:
@@ -214,23 +264,45 @@ def route(device) -> str:
     return chosen
 
 
+def _prepared(t):
+    t = t.detach()
+    return t.reshape(1) if t.dim() == 0 else t
+
+
 def partials(t, dtype=None):
     """Device int64 ``[n, COLS]`` whose column sums are ``t``'s digest as ``dtype``."""
+    return partials_many([t], [dtype])[0]
+
+
+def partials_many(pieces, dtypes=None) -> list:
+    """:func:`partials` of each piece (``dtypes``: each one's, None = its own), computed together:
+    the ``triton`` route launches once per kind of source, not once per piece."""
     import torch
 
+    pieces = [_prepared(t) for t in pieces]
+    dtypes = [d or t.dtype for t, d in zip(pieces, dtypes or [None] * len(pieces))]
+    if not pieces:
+        return []
+    names = {route(t.device) for t in pieces}
     with torch.no_grad():
-        t = t.detach()
-        return ROUTES[route(t.device)](t.reshape(1) if t.dim() == 0 else t, dtype or t.dtype)
+        if names == {"torch"}:
+            return _torch_many(pieces, dtypes)
+        return ROUTES[next(iter(names - {"torch"}))](pieces, dtypes)
 
 
 def digests(pieces, dtypes=None) -> list:
     """Digests (lists of :data:`COLS` ints) of ``pieces`` (tensors), each written as its entry
     of ``dtypes`` (default: its own). One device-to-host copy per device."""
-    return collect([partials(t, d) for t, d in zip(pieces, dtypes or [p.dtype for p in pieces])])
+    return collect(partials_many(pieces, dtypes))
+
+
+def wrap(v: int) -> int:
+    """``v`` as a signed 64-bit integer (the digest's sums are taken modulo ``2**64``)."""
+    return ((v + (1 << 63)) & ((1 << 64) - 1)) - (1 << 63)
 
 
 def collect(parts: list) -> list:
-    """Digests from :func:`partials` results: one host copy per device, sums in Python integers."""
+    """Digests from :func:`partials` results: one host copy per device, sums modulo ``2**64``."""
     import torch
 
     by_device: dict = {}
@@ -243,7 +315,7 @@ def collect(parts: list) -> list:
         for i in idx:
             rows = host[pos:pos + parts[i].shape[0]]
             pos += parts[i].shape[0]
-            out[i] = [sum(r[c] for r in rows) for c in range(COLS)]
+            out[i] = [wrap(sum(r[c] for r in rows)) for c in range(COLS)]
     return out
 
 
@@ -254,5 +326,5 @@ def reference(t, dtype=None) -> list:
     x = _words(t.detach().to("cpu").reshape(-1), dtype).tolist()
     p = p_table().tolist()
     q = q_table(len(x)).tolist()
-    return [sum(q[r][c] * sum(x[r][k] * p[k][c] for k in range(K)) for r in range(len(x)))
+    return [wrap(sum(q[r][c] * sum(x[r][k] * p[k][c] for k in range(K)) for r in range(len(x))))
             for c in range(COLS)]

@@ -15,6 +15,7 @@ Command line::
     python -m tests.support.envs trl 1.9.2 0.25.1 ...   # prebuild, prints one dir per line
     python -m tests.support.envs trl all                # every version in TRL_VERSIONS
     python -m tests.support.envs all                    # same ("trl" is optional)
+    python -m tests.support.envs triton                 # Triton for the digest kernel's CPU interpreter
 """
 
 from __future__ import annotations
@@ -110,11 +111,16 @@ class _FileLock:
         return False
 
 
-def _ready(path: pathlib.Path) -> bool:
-    return (path / "trl" / "__init__.py").is_file()
+TRITON_VERSION = "3.6.0"
+"""The Triton release whose interpreter (``TRITON_INTERPRET=1``, CPU) runs the digest kernel in the tests
+(the H200 machine's, ../shared/gpu/h200_piplist.txt)."""
 
 
-def _install(dest: pathlib.Path, requirements: list[str]) -> None:
+def _ready(path: pathlib.Path, package: str = "trl") -> bool:
+    return (path / package / "__init__.py").is_file()
+
+
+def _install(dest: pathlib.Path, requirements: list[str], package: str = "trl") -> None:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         cmd = [
@@ -126,8 +132,8 @@ def _install(dest: pathlib.Path, requirements: list[str]) -> None:
             lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and "is ignored" not in ln]
             last = lines[-1] if lines else f"exit {proc.returncode}"
             raise EnvError(f"pip install {' '.join(requirements)} failed: {last.strip()}")
-        if not (tmp / "trl" / "__init__.py").is_file():
-            raise EnvError(f"pip install {' '.join(requirements)} produced no trl package")
+        if not (tmp / package / "__init__.py").is_file():
+            raise EnvError(f"pip install {' '.join(requirements)} produced no {package} package")
         if dest.exists():  # stale, incomplete dir from an older run
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -146,6 +152,18 @@ def trl_path(version: str) -> pathlib.Path:
     with _FileLock(ENVS_DIR / f".trl-{version}.lock"):
         if not _ready(dest):
             _install(dest, [f"trl=={version}", *TRL_EXTRAS.get(version, ())])
+    return dest
+
+
+def triton_path() -> pathlib.Path:
+    """Return .envs/triton-<TRITON_VERSION>, installing that Triton there (no deps) first if needed."""
+    dest = ENVS_DIR / f"triton-{TRITON_VERSION}"
+    if _ready(dest, "triton"):
+        return dest
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with _FileLock(ENVS_DIR / f".triton-{TRITON_VERSION}.lock"):
+        if not _ready(dest, "triton"):
+            _install(dest, [f"triton=={TRITON_VERSION}"], "triton")
     return dest
 
 
@@ -173,6 +191,13 @@ def build_cli(argv: list, usage: str, all_versions, check, build) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = "usage: python -m tests.support.envs [trl] VERSION [VERSION ...] | python -m tests.support.envs [trl] all"
+    if argv == ["triton"]:
+        try:
+            print(triton_path())
+        except EnvError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
     if argv[:1] == ["trl"]:
         argv = argv[1:]
     return build_cli(argv, usage, TRL_VERSIONS, _check_version, trl_path)
