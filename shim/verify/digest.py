@@ -10,20 +10,23 @@ gives the same numbers on every device, whatever order a kernel sums in:
   (``x[r, k]``, ``|x| <= 2**15``).
 - ``P[k, c]``: fixed odd weights in [1, 63] per position in a row; ``Q[r, c]``: fixed odd
   weights in [1, 4095] per row *within the piece* (:func:`p_table`, :func:`q_table`).
-- digest ``[sum_r Q[r, c] * sum_k x[r, k] * P[k, c] for c in range(COLS)]`` (a row's inner
-  sum is below ``K * 2**15 * 63 < 2**31``; Python integers add the partial sums, so a piece
-  of any size is exact).
+- digest ``[sum_r Q[r, c] * sum_k x[r, k] * P[k, c] for c in range(COLS)]`` modulo ``2**64``
+  (as signed 64-bit integers: a row's inner sum is below ``K * 2**15 * 63 < 2**31``, the device
+  adds the rows in int64 and wraps; the host sums partials in Python integers and wraps the same
+  way, so every route gives the same digest for a piece of any size).
 
-Every changed word changes all ``COLS`` sums (``P`` and ``Q`` odd, one term), so one changed
+Every changed word changes all ``COLS`` sums (``P`` and ``Q`` odd, one term: an odd multiple of a
+change below ``2**16`` is never 0 modulo ``2**64``), so one changed
 element is always seen; a word moved to another position meets other weights in ``P`` or
 ``Q`` (independent per column), so permutations show too (a plain sum misses them).
 
 Cost: each piece is read once where it lives. Routes (:data:`ROUTE`): ``triton`` (CUDA: one
-fused kernel per piece reads the source -- float32 trainer tensors rounded to the engine's
-dtype in registers, no cast buffer -- and writes one int64 partial per :data:`BLOCK_ROWS`
-rows), ``torch`` (any device: chunks of :data:`CHUNK_ROWS` rows, an int32 product and
-int64 sums), chosen per device by a self-check against the CPU; the partial sums of all
-pieces of one call cross to the host in one copy.
+kernel launch per kind of source over every piece of a :func:`partials_many` call -- a table
+maps each program to its piece and first row; float32 trainer tensors are rounded to the engine's
+dtype in registers, no cast buffer; one int64 partial per :data:`BLOCK_ROWS` rows, added per
+piece on the device), ``torch`` (any device: chunks of :data:`CHUNK_ROWS` rows, an int32
+product and int64 sums), chosen per device by a self-check against the CPU; the partial sums
+of all pieces of one call cross to the host in one copy.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ COLS = 4
 """Sums per digest."""
 CHUNK_ROWS = 1 << 15
 """Rows the ``torch`` route handles per step (bounds its int32 temporary: 128 MiB)."""
-BLOCK_ROWS = 16
+BLOCK_ROWS = 8
 """Rows one ``triton`` program reduces."""
 ROUTE = "auto"
 """``auto`` (``triton`` where its self-check on the device passes, else ``torch``), ``triton``, ``torch``."""
