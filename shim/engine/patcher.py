@@ -7,8 +7,6 @@ process (what ``status`` shows as ``applied, acted N times``).
 """
 from __future__ import annotations
 
-import contextlib
-
 MARKER = "_self_shim_patch"
 """Attribute on every wrapper the shim installs: the id of its patch (wrapt keeps
 ``_self_*`` attributes on the proxy, not on the wrapped function)."""
@@ -135,21 +133,3 @@ class Patcher:
 
 
 _MISSING = MISSING = object()
-
-
-@contextlib.contextmanager
-def for_the_call(owner, name: str, value):
-    """``owner.name = value`` (an attribute of that one object, e.g. a method stood in for during one
-    push), put back exactly afterwards: the owner's own value before, or none (the class's shows
-    again). Stacks with others doing the same on the same name: if ours is no longer there when the
-    block ends (someone set theirs on top, or already took ours out), it is left as it is."""
-    before = vars(owner).get(name, MISSING)
-    setattr(owner, name, value)
-    try:
-        yield value
-    finally:
-        if vars(owner).get(name, MISSING) is value:
-            if before is MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, before)

@@ -13,15 +13,19 @@ _MISSING = object()
 
 @contextmanager
 def shadow(obj, name: str, value):
-    """``obj.name = value`` inside the block; afterwards the object's own attribute as it was, or none
-    (what its class provides shows again). Raises what setting the attribute raises (an object without
-    ``__dict__``, a proxy that refuses it) before the block runs, so a caller can keep upstream's way."""
+    """``obj.name = value`` inside the block (yields ``value``); afterwards the object's own attribute
+    as it was, or none (what its class provides shows again). Stacks with others doing the same on the
+    same name (the shim's reload session around a push, a LoRA stand-in inside it): if ours is no longer
+    there when the block ends (someone set theirs on top, or already took ours out), it is left as it is.
+    Raises what setting the attribute raises (an object without ``__dict__``, a proxy that refuses it)
+    before the block runs, so a caller can keep upstream's way."""
     own = vars(obj).get(name, _MISSING)
     setattr(obj, name, value)
     try:
-        yield
+        yield value
     finally:
-        if own is _MISSING:
-            vars(obj).pop(name, None)
-        else:
-            setattr(obj, name, own)
+        if vars(obj).get(name, _MISSING) is value:
+            if own is _MISSING:
+                vars(obj).pop(name, None)
+            else:
+                setattr(obj, name, own)

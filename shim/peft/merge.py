@@ -28,7 +28,7 @@ import sys
 from contextlib import contextmanager
 
 from shim.engine import log
-from shim.engine.patcher import for_the_call
+from shim.engine.shadow import shadow
 from shim.observe import events
 
 _LORA_CLASSES = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")
@@ -165,6 +165,6 @@ class Push:
 
     @contextmanager
     def standing_in(self):
-        with for_the_call(self.model, "merge_adapter", self.merge_adapter), \
-                for_the_call(self.model, "unmerge_adapter", self.unmerge_adapter):
+        with shadow(self.model, "merge_adapter", self.merge_adapter), \
+                shadow(self.model, "unmerge_adapter", self.unmerge_adapter):
             yield self

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shim.engine.patcher import for_the_call
+from shim.engine.shadow import shadow
 from shim.peft import merge
 
 LOAD = "_load_state_dict_to_vllm"
@@ -58,7 +58,7 @@ def _why_not(trainer) -> "str | None":
 
 def _loading_merged(trainer, push):
     own = getattr(trainer, LOAD)
-    return for_the_call(trainer, LOAD,
+    return shadow(trainer, LOAD,
                         lambda state_dict, *args, **kwargs: own(_Merged(state_dict, push), *args, **kwargs))
 
 

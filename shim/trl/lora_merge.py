@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from shim.engine.patcher import for_the_call
+from shim.engine.shadow import shadow
 from shim.peft import merge
 
 
@@ -81,7 +81,7 @@ def _through(push, owner, name, transform):
     def through(*args, **kwargs):
         return own(*(transform(push, args) if args and not kwargs else args), **kwargs)
 
-    return for_the_call(owner, name, through)
+    return shadow(owner, name, through)
 
 
 def pushes_merged(patch_id: str):

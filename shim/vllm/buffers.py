@@ -19,17 +19,12 @@ from __future__ import annotations
 
 import inspect
 
-from shim.engine import log
+from shim.engine import call_args, log
 from shim.engine.probes import changed
 
 
 def _tags(wrapped, args, kwargs):
-    if "tags" in kwargs:
-        return kwargs["tags"]
-    try:
-        return inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments.get("tags")
-    except (TypeError, ValueError):
-        return None
+    return call_args.arg(wrapped, args, kwargs, "tags")
 
 
 def keep_buffers(wrapped, instance, args, kwargs):

@@ -52,9 +52,9 @@ reads it: the next push derives those layers' plain tensors again)."""
 def runner_of(llm):
     """The model runner of a colocated engine (what TRL reaches through
     ``llm.llm_engine.model_executor.driver_worker.model_runner``), or None."""
-    from shim.vllm import sleep_state
+    from shim.vllm import engines
 
-    engine = sleep_state.engine_of(getattr(llm, "__wrapped__", llm))
+    engine = engines.unwrap(llm)
     worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
     return getattr(worker, "model_runner", None)
 

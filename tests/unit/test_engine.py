@@ -199,35 +199,41 @@ def test_hooked_loader_delegates_everything_runpy_and_resources_need():
     assert out == {"loader": "_Loader", "package": False, "source": True, "file": True, "runpy": True}
 
 
-def test_for_the_call_puts_back_exactly_and_stacks():
-    """``patcher.for_the_call``: an attribute of one object for one block, as the LoRA push stand-ins use it
+def test_shadow_puts_back_exactly_and_stacks():
+    """``shadow.shadow``: an attribute of one object for one block, as the LoRA push stand-ins use it
     (``shim.peft.merge``, ``shim.trl.lora_merge``), next to others that stand in for the same name (the
     reload session's ``load_weights``)."""
-    from shim.engine.patcher import for_the_call
+    from shim.engine.shadow import shadow
 
     class Model:
         def load_weights(self, weights):
             return ("class", weights)
 
     m = Model()
-    with for_the_call(m, "load_weights", lambda w: ("ours", w)):
+    with shadow(m, "load_weights", lambda w: ("ours", w)):
         assert m.load_weights(1) == ("ours", 1)
     assert "load_weights" not in vars(m) and m.load_weights(2) == ("class", 2)  # the class's shows again
 
     own = lambda w: ("own", w)  # noqa: E731
     m.load_weights = own
-    with for_the_call(m, "load_weights", lambda w: ("ours", w)):
+    with shadow(m, "load_weights", lambda w: ("ours", w)):
         pass
     assert vars(m)["load_weights"] is own  # the object's own value back
     del m.load_weights
 
-    with for_the_call(m, "load_weights", lambda w: ("ours", w)):  # another stand-in inside ours that,
+    with shadow(m, "load_weights", lambda w: ("ours", w)):  # another stand-in inside ours that,
         m.load_weights = lambda w: ("inner", w)                   # like the reload session, deletes the
         del m.load_weights                                         # attribute when it ends
     assert "load_weights" not in vars(m)  # nothing raised, nothing left
 
     outer = lambda w: ("outer", w)  # noqa: E731
     m.load_weights = outer  # one outside ours: ours goes, theirs stays
-    with for_the_call(m, "load_weights", lambda w: ("ours", w)):
+    with shadow(m, "load_weights", lambda w: ("ours", w)):
         assert m.load_weights(3) == ("ours", 3)
     assert vars(m)["load_weights"] is outer
+    del m.load_weights
+
+    top = lambda w: ("top", w)  # noqa: E731
+    with shadow(m, "load_weights", lambda w: ("ours", w)):  # one set on top of ours and kept:
+        m.load_weights = top                                  # ours does not take it away
+    assert vars(m)["load_weights"] is top
