@@ -43,6 +43,9 @@ INDEX = (
     ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),
+    # the worker's guard before its check (the check's wrapper outside, as on LLMEngine)
+    ("vllm-worker-sleep-guard", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
+    ("vllm-worker-sleep-check", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
     ("trl-vlm-encoder-cache", "trl_vlm_encoder_cache", "trl.generation.vllm_generation"),
     ("trl-lora-merge-drift", "trl_lora_merge_drift", "trl.generation.vllm_generation"),
     ("trl-lora-merge-drift-sync", "trl_lora_merge_drift", "trl.generation.vllm_generation"),

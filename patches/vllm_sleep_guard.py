@@ -9,7 +9,7 @@ Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <
 Remove:   guard when the shim's minimum vLLM is >=0.33 and vllm-ascend toggles expandable segments itself;
           the verification and telemetry have no upstream equivalent
 
-Three records on the concrete modules trainers use; the behaviour lives in ``shim/``:
+Three records on the engines trainers build; the behaviour lives in ``shim/``:
 
 - ``vllm-sleep-guard`` (``vllm.v1.engine.llm_engine.LLMEngine.__init__`` and
   ``wake_up``; ``vllm.LLM`` builds and wakes through it, ms-swift calls it
@@ -26,7 +26,18 @@ Three records on the concrete modules trainers use; the behaviour lives in ``shi
   the two acts on a sleep or wake (``LLM.sleep`` delegates to ``LLMEngine.sleep``),
   state keyed by the engine.
 
-All three stand down with one line when neither CUDA (``torch.cuda``) nor an
+Two more on ``vllm.v1.worker.gpu_worker.Worker``, for the engine core in its own process
+(``AsyncLLM``: verl, OpenRLHF, ``vllm serve``; ``vllm.LLM`` with vLLM's default
+``VLLM_ENABLE_V1_MULTIPROCESSING=1``), where the worker holds the memory and the engine-level
+wrappers above see no executor (``shim.vllm.worker_check``):
+
+- ``vllm-worker-sleep-guard`` (``load_model``, ``initialize_from_config``, ``wake_up``): the
+  allocator guard around the worker's pool allocations and its wake;
+- ``vllm-worker-sleep-check`` (``__init__``, ``sleep``, ``wake_up``): the sleep check on the
+  worker's own state, records with the worker process's pid. Where an in-process engine's check
+  acts on the same sleep (TRL / ms-swift colocate), the worker's passes through: one record per sleep.
+
+All of them stand down with one line when neither CUDA (``torch.cuda``) nor an
 Ascend NPU (``torch.npu``) is the device.
 """
 from shim.engine.patch import Patch
@@ -64,6 +75,37 @@ def _probe_llm(module):
     if llm is None:
         return changed("no LLM")
     return _shape(llm, ("__init__", "sleep", "wake_up")) or _no_device()
+
+
+_WORKER_GUARDED = ("load_model", "initialize_from_config", "wake_up")
+_WORKER_CHECKED = ("__init__", "sleep", "wake_up")
+
+
+def _probe_worker(names):
+    def probe(module):
+        worker = getattr(module, "Worker", None)
+        if worker is None:
+            return changed("no Worker")
+        return _shape(worker, names) or _no_device()
+
+    return probe
+
+
+def _apply_worker_guard(module, patcher):
+    from shim.vllm import alloc_guard, memory, worker_check
+
+    alloc_guard.track_live_setting(memory.probe(), patcher)
+    for name in ("load_model", "initialize_from_config"):
+        patcher.wrap(module.Worker, name, worker_check.guard_alloc)
+    patcher.wrap(module.Worker, "wake_up", worker_check.guard_wake)
+
+
+def _apply_worker_check(module, patcher):
+    from shim.vllm import worker_check
+
+    patcher.wrap(module.Worker, "__init__", worker_check.check_init)
+    patcher.wrap(module.Worker, "sleep", worker_check.check_sleep)
+    patcher.wrap(module.Worker, "wake_up", worker_check.check_wake)
 
 
 def _apply_guard(module, patcher):
@@ -132,4 +174,33 @@ LLM_CHECK = Patch(
     verified="CPU: vLLM stand-in (CUDA and NPU modes)",
 )
 
-PATCHES = [GUARD, CHECK, LLM_CHECK]
+WORKER_GUARD = Patch(
+    id="vllm-worker-sleep-guard",
+    tested_at=("vllm", "0.24.0"),
+    issue=_ISSUE,
+    distribution="vllm",
+    affected=_AFFECTED,
+    module="vllm.v1.worker.gpu_worker",
+    apply=_apply_worker_guard,
+    probe=_probe_worker(_WORKER_GUARDED),
+    summary="as vllm-sleep-guard, in the worker's process (AsyncLLM / multiprocessing engine core): "
+            "Worker.load_model, initialize_from_config and wake_up",
+    verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked",
+)
+
+WORKER_CHECK = Patch(
+    id="vllm-worker-sleep-check",
+    tested_at=("vllm", "0.24.0"),
+    kind="check",
+    issue=_ISSUE,
+    distribution="vllm",
+    affected=_AFFECTED,
+    module="vllm.v1.worker.gpu_worker",
+    apply=_apply_worker_check,
+    probe=_probe_worker(_WORKER_CHECKED),
+    summary="as vllm-sleep-check, on vLLM's Worker where the memory lives (the engine-core process of AsyncLLM); "
+            "passes through where an in-process engine's check acts (one record per sleep)",
+    verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked; in-process LLM",
+)
+
+PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK]

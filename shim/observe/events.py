@@ -12,7 +12,7 @@ shows them); one INFO
 summary line every ``SHIM_SUMMARY_EVERY`` sleeps (default 50) or 10 minutes,
 and one at exit. With ``SHIM_TRACE=PATH`` each
 event is also appended to PATH as one JSON line; every record carries ``rank``
-(``RANK``/``LOCAL_RANK``), ``pid`` and ``host``, and is written with one ``os.write`` on an
+(``RANK``/``LOCAL_RANK``), ``pid``, ``ppid`` and ``host``, and is written with one ``os.write`` on an
 ``O_APPEND`` descriptor, so many ranks can share the file without interleaving
 lines.
 
@@ -20,7 +20,8 @@ An ``activate`` record (``rank``, ``pid``, ``ppid``, ``host``, ``argv``) marks e
 that turned the shim on: launchers, torchrun agents, ranks.
 
 Record keys: ``v`` (schema 1), ``event`` (``init`` | ``sleep`` | ``wake``), ``t``
-(end, epoch seconds), ``seconds``, ``rank``, ``local_rank``, ``pid``, ``host``,
+(end, epoch seconds), ``seconds``, ``rank``, ``local_rank``, ``pid``, ``ppid`` (the parent process:
+a vLLM engine-core process names the trainer process that started it), ``host``,
 ``engine`` (``<Class>#<n>``), ``level`` (sleep), ``tags`` (wake: tags woken),
 ``asleep`` (tags asleep after the event), ``tracked`` (bytes in the sleep pool
 before a sleep / after a wake or init), ``freed`` (sleep) or ``restored``
@@ -126,7 +127,8 @@ def emit(event: str, engine: str, seconds: float, **fields) -> dict:
     """Record one event: log line (INFO or DEBUG, see the module docstring), trace line, summary."""
     now = time.time()
     rec = {"v": SCHEMA, "event": event, "t": now, "seconds": seconds, "rank": log.rank(),
-           "local_rank": log.local_rank(), "pid": os.getpid(), "host": host(), "engine": engine}
+           "local_rank": log.local_rank(), "pid": os.getpid(), "ppid": os.getppid(), "host": host(),
+           "engine": engine}
     rec.update(fields)
     with _lock:
         _account(rec)

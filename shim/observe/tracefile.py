@@ -106,20 +106,60 @@ def processes(trace: Trace) -> list:
     return [p for p in procs if p["records"]]
 
 
+def _families(trace: Trace, procs: list) -> list:
+    """``procs`` in families: a process whose parent (``ppid`` of its records or of its ``activate``
+    record) is a process of the trace on the same host, started no later than it, belongs to the
+    parent's family (vLLM's engine-core process, spawned or forked by the trainer, carries the
+    trainer's rank or none, i.e. rank 0 -- it is part of the trainer's run, not a second rank 0).
+    Each family is a list, its root (the trainer process, or the first child where the parent
+    recorded no engine events) first."""
+    started: dict = {}  # (host, pid) -> [(t, ppid)] of its activate records
+    for rec in trace.activations:
+        started.setdefault((rec.get("host") or "", rec.get("pid")), []).append((rec["t"], rec.get("ppid")))
+    families: list = []
+    family_of: dict = {}  # id(proc) -> its family
+    latest: dict = {}  # (host, pid) -> the process of that pid started last so far (pids are reused)
+    orphans: dict = {}  # (host, parent pid, parent's start) -> family of a parent that recorded no events
+    for proc in sorted(procs, key=lambda p: p["start"]):
+        key = (proc["host"], proc["pid"])
+        ppid = next((r["ppid"] for r in proc["records"] if isinstance(r.get("ppid"), int)), None)
+        if ppid is None:
+            ppid = next((pp for t, pp in started.get(key, ()) if t == proc["start"] and isinstance(pp, int)), None)
+        parent = latest.get((proc["host"], ppid)) if ppid is not None else None
+        if parent is not None:
+            family = family_of[id(parent)]
+        else:
+            begun = [t for t, _ in started.get((proc["host"], ppid), ()) if t <= proc["start"]] if ppid else []
+            if begun:
+                family = orphans.get((proc["host"], ppid, max(begun)))
+                if family is None:
+                    family = orphans[(proc["host"], ppid, max(begun))] = []
+                    families.append(family)
+            else:
+                family = []
+                families.append(family)
+        family.append(proc)
+        family_of[id(proc)] = family
+        latest[key] = proc
+    return families
+
+
 def runs(trace: Trace) -> list:
-    """Processes grouped into runs, each a list of processes by rank. A process joins the
-    earliest run it overlaps in time whose ranks do not include its own; otherwise it starts
-    a new run. Two runs written one after the other, or at the same time (both with a rank 0),
-    stay apart."""
+    """Processes grouped into runs, each a list of processes by rank. A child process goes with
+    its parent (:func:`_families`); a family joins the earliest run it overlaps in time whose
+    ranks do not include its root's; otherwise it starts a new run. Two runs written one after
+    the other, or at the same time (both with a rank 0), stay apart."""
     groups: list = []
-    for proc in sorted(processes(trace), key=lambda p: (p["start"], p["rank"])):
+    for family in _families(trace, processes(trace)):
+        rank = family[0]["rank"]
+        start = min(p["start"] for p in family)
         for group in groups:
-            if proc["start"] <= max(p["end"] for p in group) and all(p["rank"] != proc["rank"] for p in group):
-                group.append(proc)
+            if start <= max(p["end"] for p in group) and all(p["rank"] != rank for p in group):
+                group.extend(family)
                 break
         else:
-            groups.append([proc])
-    return [sorted(g, key=lambda p: p["rank"]) for g in groups]
+            groups.append(list(family))
+    return [sorted(g, key=lambda p: (p["rank"], p["start"])) for g in groups]
 
 
 def _stamp(t: float) -> str:

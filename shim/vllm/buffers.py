@@ -199,7 +199,7 @@ def kept_note(engine) -> str:
     from shim.vllm import engines
 
     try:  # a note for a log line: it never fails the sleep it describes (a worker proxy may raise)
-        worker = getattr(engines.executor_of(engine), "driver_worker", None)
+        worker = getattr(engines.executor_of(engine), "driver_worker", None) or engine  # or the worker itself
         saved = getattr(worker, SAVED_PLAIN, None) or {}
         nbytes = sum(host.nbytes() for _, host in saved.values())
     except Exception:

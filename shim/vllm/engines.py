@@ -4,6 +4,7 @@
 ``model_executor`` knows which tags are asleep (``sleeping_tags``, vLLM's
 ``ExecutorBase``; ``is_sleeping`` True while any is). Every other module asks here:
 :func:`engine_of` (the object that owns the sleep state), :func:`executor_of`,
+:func:`in_process_workers` (the executor's workers that live in this process),
 :func:`executor_tags` / :func:`reported_asleep` (what vLLM reports asleep, or None where the
 executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine). The
 device an engine runs on is ``shim.vllm.memory.device_type``. Nothing here imports vLLM.
@@ -42,6 +43,17 @@ def engine_of(obj):
 def executor_of(obj):
     """The in-process executor (``LLM.llm_engine.model_executor``), or None."""
     return getattr(engine_of(obj), "model_executor", None)
+
+
+def in_process_workers(obj) -> list:
+    """The vLLM workers of ``obj``'s executor that live in this process: ``driver_worker`` of
+    vLLM's ``UniProcExecutor`` / ``ExecutorWithExternalLauncher`` (a ``WorkerWrapperBase``: its
+    ``worker``); empty for an executor whose workers are other processes (``MultiprocExecutor``)."""
+    wrapper = getattr(executor_of(obj), "driver_worker", None)
+    if wrapper is None:
+        return []
+    worker = getattr(wrapper, "worker", None) or wrapper
+    return [worker] if callable(getattr(worker, "sleep", None)) else []
 
 
 def executor_tags(executor) -> "set | None":

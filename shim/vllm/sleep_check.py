@@ -102,6 +102,17 @@ def _executor_asleep(engine) -> "bool | None":
     return None if tags is None else tags >= set(engines.TAGS)
 
 
+def _adopt_workers(engine, state) -> None:
+    """The engine's in-process workers get ``state`` as their ``owner``: their own check
+    (``shim.vllm.worker_check``) passes through while this engine's check acts on a call, so one
+    sleep is one record. Never raises."""
+    try:
+        for worker in engines.in_process_workers(engine):
+            sleep_state.state_for(worker).owner = state
+    except Exception:
+        pass
+
+
 # ---------------------------------------------------------------------------
 # construction
 # ---------------------------------------------------------------------------
@@ -127,6 +138,7 @@ def _init(wrapped, instance, args, kwargs, full_gc):
     seconds = time.perf_counter() - t0
     engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
+    _adopt_workers(engine, state)
     if state.measure.built:  # the engine's own check recorded it (LLM.__init__ builds an LLMEngine inside)
         return result
     state.measure.built = True
@@ -155,20 +167,31 @@ def _init(wrapped, instance, args, kwargs, full_gc):
 # sleep
 # ---------------------------------------------------------------------------
 def check_sleep(wrapped, instance, args, kwargs):
+    return sleep_on(engines.engine_of(instance), wrapped, args, kwargs)
+
+
+def sleep_on(engine, wrapped, args, kwargs, holds_memory=None):
+    """The sleep check of one sleep of ``engine``. ``holds_memory``: the device memory is in this
+    process (default: the engine has an in-process executor; ``shim.vllm.worker_check`` passes True
+    for vLLM's worker, which holds it wherever it runs)."""
     entered = time.perf_counter()
-    engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
     if _inner(state):
         return wrapped(*args, **kwargs)
+    if holds_memory is None:
+        holds_memory = engines.executor_of(engine) is not None
+        if holds_memory:
+            _adopt_workers(engine, state)
     level = call_args.arg(wrapped, args, kwargs, "level", 1)
     level = level if isinstance(level, int) else None
     probe = memory.probe()
-    if probe is None or engines.executor_of(engine) is None or level is None or level < 1:
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException:
-            sleep_state.resync(engine, level)
-            raise
+    if probe is None or not holds_memory or level is None or level < 1:
+        with _calling(state):  # an in-process worker's check passes through here too
+            try:
+                result = wrapped(*args, **kwargs)
+            except BaseException:
+                sleep_state.resync(engine, level)
+                raise
         sleep_state.note_sleep(engine, 1 if level is None else level)
         return result
     with _calling(state):
@@ -285,19 +308,28 @@ def _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked,
 # wake
 # ---------------------------------------------------------------------------
 def check_wake(wrapped, instance, args, kwargs):
+    return wake_on(engines.engine_of(instance), wrapped, args, kwargs)
+
+
+def wake_on(engine, wrapped, args, kwargs, holds_memory=None):
+    """The per-tag wake and its record, for one wake of ``engine`` (``holds_memory``: as :func:`sleep_on`)."""
     entered = time.perf_counter()
-    engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
     if _inner(state):
         return wrapped(*args, **kwargs)
+    if holds_memory is None:
+        holds_memory = engines.executor_of(engine) is not None
+        if holds_memory:
+            _adopt_workers(engine, state)
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     probe = memory.probe()
-    if engines.executor_of(engine) is None:
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException:
-            sleep_state.resync(engine)
-            raise
+    if not holds_memory:
+        with _calling(state):
+            try:
+                result = wrapped(*args, **kwargs)
+            except BaseException:
+                sleep_state.resync(engine)
+                raise
         sleep_state.note_wake(engine, tags)
         return result
     with _calling(state) as call:

@@ -38,7 +38,9 @@ Filled in by the allocator guard's wrappers (``shim.vllm.engine_guard``), in ``m
 ``guard_saw`` (the routes it turned off there).
 
 ``call``: the :class:`Call` of the outermost shim wrapper running on this engine
-(None between calls). Every piece of state the wrappers of two patches share
+(None between calls). ``owner`` (a vLLM worker's state only): the state of the in-process
+engine whose executor holds this worker (set by that engine's sleep check); while the owner's
+``call`` runs in this thread, the worker's own check passes through (``shim.vllm.worker_check``). Every piece of state the wrappers of two patches share
 lives here, on the engine's state, never in a module global or a thread-local.
 :func:`resync` re-reads ``asleep`` from vLLM's executor after an upstream call raised.
 
@@ -98,6 +100,7 @@ class SleepState:
     weights_pushed: bool = False
     engine: str = ""
     call: "Optional[Call]" = None
+    owner: "Optional[SleepState]" = None
     measure: Measurement = field(default_factory=Measurement)
     schedule: ReadSchedule = field(default_factory=ReadSchedule)
 

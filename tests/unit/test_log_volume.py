@@ -86,7 +86,7 @@ def test_summary_every_n_and_problems_stay_info(model_dir):
     """SHIM_SUMMARY_EVERY=4; NPU with expandable segments on and the guard off: every sleep is
     ineffective (ms-swift #6636), and each one stays an INFO line next to its WARNING."""
     lines = run(model_dir, cycles=9, SHIM_SUMMARY_EVERY="4", FAKEVLLM_DEVICE="npu",
-                PYTORCH_ALLOC_CONF="expandable_segments:True", SHIM_DISABLED_PATCHES="vllm-sleep-guard")
+                PYTORCH_ALLOC_CONF="expandable_segments:True", SHIM_DISABLED_PATCHES="vllm-sleep-guard,vllm-worker-sleep-guard")
     sleeps = [line for line in lines if "] INFO sleep LLMEngine#1" in line]
     assert len(sleeps) == 10 and all("INEFFECTIVE" in line for line in sleeps)  # 9 + the reset's re-issued one
     assert sum("first-sleep reset: re-issued" in line for line in sleeps) == 1

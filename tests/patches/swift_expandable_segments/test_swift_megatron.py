@@ -163,7 +163,7 @@ def test_megatron_first_sleep_frees_the_engine_6636():
     kv_bytes = 0.3 * 80 * 2**30 * 0.9  # the stand-in's KV cache alone (gpu_memory_utilization 0.3 of 80 GiB)
     off = run_child({**spec, "shim": False}, env)
     assert len(off["sleeps"]) == 1 and off["sleeps"][0]["freed"] < 0.01 * kv_bytes, off["sleeps"]
-    on = run_child({**spec, "shim": True}, {**env, "SHIM_DISABLED_PATCHES": "vllm-sleep-guard"})
+    on = run_child({**spec, "shim": True}, {**env, "SHIM_DISABLED_PATCHES": "vllm-sleep-guard,vllm-worker-sleep-guard"})
     assert on["decisions"]["swift-expandable-segments-megatron"] == "applied"
     assert len(on["sleeps"]) == 1, on["sleeps"]
     sleep = on["sleeps"][0]

@@ -166,7 +166,7 @@ def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict, tmp_p
     if not strict:
         off, poff = scenario(model_dir, body, shim=False, **env)
         assert off["freed"] == 0 and off["freed2"] == 0 and "ineffective" not in poff.stderr
-    env.update(SHIM_DISABLED_PATCHES="vllm-sleep-guard", SHIM_TRACE=str(trace))
+    env.update(SHIM_DISABLED_PATCHES="vllm-sleep-guard,vllm-worker-sleep-guard", SHIM_TRACE=str(trace))
     if strict:
         env["SHIM_STRICT"] = "1"
     on, pon = scenario(model_dir, body, shim=True, check=not strict, **env)
@@ -197,7 +197,8 @@ def test_reset_reissue_failure_never_stops_training(model_dir):
                                          "llm.llm_engine.wake_up = boom; a = free(); llm.sleep(level=1); R[\"freed2\"]")
             + "R['after'] = 'went on'\n")
     body = "def boom(*a, **k):\n    raise RuntimeError('wake_up broke')\n" + body
-    env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE, SHIM_DISABLED_PATCHES="vllm-sleep-guard")
+    env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE,
+               SHIM_DISABLED_PATCHES="vllm-sleep-guard,vllm-worker-sleep-guard")
     on, pon = scenario(model_dir, body, shim=True, **env)
     assert on["after"] == "went on"
     assert ("first-sleep reset LLMEngine#1: re-issuing the sleep failed (RuntimeError: wake_up broke)"

@@ -1,0 +1,103 @@
+"""The sleep check and the allocator guard where the memory lives: vLLM's worker (patches
+``vllm-worker-sleep-guard`` and ``vllm-worker-sleep-check`` on ``vllm.v1.worker.gpu_worker.Worker``).
+
+A trainer that drives ``vllm.v1.engine.async_llm.AsyncLLM`` (verl, OpenRLHF, ``vllm serve``), or
+``vllm.LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` (vLLM's default), keeps the engine core in
+another process (``EngineCoreProc``, started by ``MPClient`` through multiprocessing spawn or
+fork); with one GPU its ``UniProcExecutor`` builds the ``Worker`` there, and the worker's pool
+allocations, ``sleep`` and ``wake_up`` happen there. The engine-level wrappers
+(``shim.vllm.sleep_check`` on ``LLMEngine`` / ``LLM``) see no executor in the trainer's process
+and only keep the record; these wrappers run in the process of the worker:
+
+- construction (``Worker.__init__``): the worker's ``SleepState`` gets its ``sleep_mode`` and the
+  expandable-segments routes that are on (:func:`check_init`);
+- ``load_model`` and ``initialize_from_config`` (where the weights and the KV cache are allocated
+  into the sleep pool, vLLM's ``_maybe_get_memory_pool_context``) and ``wake_up`` (re-mapped pages)
+  run inside the allocator guard, the user's setting back afterwards (:func:`guard_alloc`,
+  :func:`guard_wake`);
+- ``sleep`` / ``wake_up``: the sleep check of ``shim.vllm.sleep_check`` (freed vs the pool, the
+  ineffective-sleep WARNING, the first-sleep reset, per-tag wake, telemetry), on the worker's own
+  state: the record's ``engine`` is ``Worker#<n>``, its ``pid`` the worker's process.
+
+No double counting: where an in-process engine's check acts (TRL / ms-swift colocate: ``LLMEngine``
+with the worker in this process), that check makes itself the worker's ``owner``
+(``SleepState.owner``, set by ``sleep_check``); while the owner's call runs in this thread the
+worker's check passes through and only keeps the worker's record in step. So each sleep is one
+record: the engine's where the engine holds its worker, the worker's where it does not.
+
+The per-tag wake rule at this level (``shim.vllm.wake_plan``: only the requested tags that are
+asleep are passed) needs the worker's own record, so it applies only once the shim saw this
+worker fall asleep; before that every wake goes through as asked.
+"""
+from __future__ import annotations
+
+from shim.engine import call_args
+from shim.vllm import alloc_guard, engines, memory, sleep_check, sleep_state
+
+
+def _owner_acting(state) -> bool:
+    owner = state.owner
+    call = owner.call if owner is not None else None
+    return call is not None and call.mine()
+
+
+def check_init(wrapped, instance, args, kwargs):
+    """``Worker.__init__``: sleep mode and the expandable-segments routes on at construction."""
+    result = wrapped(*args, **kwargs)
+    try:
+        state = sleep_state.state_for(instance)
+        state.measure.built = True
+        state.measure.sleep_mode = engines.sleep_mode(instance)
+        probe = memory.probe()
+        if probe is not None:
+            state.measure.init_routes = alloc_guard.routes_on(probe)
+    except Exception:  # a record for later lines: never the reason a worker fails to start
+        pass
+    return result
+
+
+def check_sleep(wrapped, instance, args, kwargs):
+    state = sleep_state.state_for(instance)
+    if _owner_acting(state):
+        result = wrapped(*args, **kwargs)
+        level = call_args.arg(wrapped, args, kwargs, "level", 1)
+        sleep_state.note_sleep(instance, level if isinstance(level, int) else 1)
+        return result
+    return sleep_check.sleep_on(instance, wrapped, args, kwargs, holds_memory=True)
+
+
+def check_wake(wrapped, instance, args, kwargs):
+    state = sleep_state.state_for(instance)
+    if _owner_acting(state) or state.level is None:  # owner acts / no sleep of this worker seen yet
+        result = wrapped(*args, **kwargs)
+        sleep_state.note_wake(instance, call_args.arg(wrapped, args, kwargs, "tags"))
+        return result
+    return sleep_check.wake_on(instance, wrapped, args, kwargs, holds_memory=True)
+
+
+def guard_alloc(wrapped, instance, args, kwargs):
+    """``load_model`` / ``initialize_from_config`` of a sleep-mode worker with expandable segments off."""
+    probe = memory.probe()
+    if probe is None or not engines.sleep_mode(instance):
+        return wrapped(*args, **kwargs)
+    state = sleep_state.state_for(instance)
+    token = alloc_guard.suspend(probe)
+    try:
+        state.measure.guarded_init = True
+        if token is not None and token.saw:
+            state.measure.guard_saw = list(token.saw)
+        return wrapped(*args, **kwargs)
+    finally:
+        alloc_guard.resume(token)
+
+
+def guard_wake(wrapped, instance, args, kwargs):
+    """``Worker.wake_up`` of a sleep-mode worker with expandable segments off."""
+    probe = memory.probe()
+    if probe is None or engines.sleep_mode(instance) is False:
+        return wrapped(*args, **kwargs)
+    token = alloc_guard.suspend(probe)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        alloc_guard.resume(token)
