@@ -47,6 +47,8 @@ INDEX = (
     ("vllm-worker-sleep-guard", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
     ("vllm-worker-sleep-check", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
     ("trl-vlm-encoder-cache", "trl_vlm_encoder_cache", "trl.generation.vllm_generation"),
+    ("trl-online-dpo-encoder-cache", "trl_vlm_encoder_cache", "trl.experimental.online_dpo.online_dpo_trainer"),
+    ("trl-online-dpo-encoder-cache-0x", "trl_vlm_encoder_cache", "trl.trainer.online_dpo_trainer"),
     ("trl-lora-merge-drift", "trl_lora_merge_drift", "trl.generation.vllm_generation"),
     ("trl-lora-merge-drift-sync", "trl_lora_merge_drift", "trl.generation.vllm_generation"),
     ("trl-lora-merge-drift-grpo", "trl_lora_merge_drift", "trl.trainer.grpo_trainer"),

@@ -1,39 +1,53 @@
 """TRL vision-language rollouts read image embeddings computed with the old weights.
 
 Upstream: huggingface/trl#7198 (bug, open; fix proposed in PR #7200)
-Affects:  trl >=0.28.0 (VLLMGeneration, 1.16.0 included) colocate, with a trained vision tower and images
+Affects:  trl >=0.28.0 (VLLMGeneration, 1.16.0 included) and OnlineDPOTrainer's own push (``_move_model_to_vllm``,
+          >=0.26.0 in trl.experimental, >=0.23.0,<0.26.0 in trl.trainer; its sleep mode is off by default)
+          colocate, with a trained vision tower and images
           reused across steps; vLLM >=0.17 resets the caches inside every sleep, so there the gap is a push
           without a sleep before it (vllm_enable_sleep_mode=False); vLLM 0.16 with sleep mode too
 Remove:   when the shim's minimum supported trl resets the encoder cache in sync_weights
 
 ``VLLMGeneration.sync_weights`` writes the trainer's weights and resets only the
-prefix cache. vLLM's encoder cache keeps each image's encoder output by content
+prefix cache (OnlineDPO's ``_move_model_to_vllm`` likewise). vLLM's encoder cache keeps each image's encoder output by content
 hash across requests, so the next rollout with the same image reads the
 embedding of the old vision tower. The patch wraps ``sync_weights``: after it,
 in colocate mode, the engine's encoder and multi-modal caches are reset
 (``shim.vllm.caches``; the shim's own push path, ``shim.trl.colocate``, does
-the same while this patch is on). Stands down where ``sync_weights`` already
-resets the encoder cache.
+the same while this patch is on); two more records wrap OnlineDPO's push the same way.
+Each stands down where the wrapped push already resets the encoder cache.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
 
 
-def probe(module):
-    import inspect
+def _probe(class_name: str, method: str):
+    def probe(module):
+        import inspect
 
-    cls = getattr(module, "VLLMGeneration", None)
-    if cls is None or not callable(getattr(cls, "sync_weights", None)):
-        return changed("VLLMGeneration.sync_weights not found")
-    if "reset_encoder_cache" in inspect.getsource(cls.sync_weights):
-        return "fixed upstream (sync_weights resets the encoder cache)"
-    return None
+        cls = getattr(module, class_name, None)
+        if cls is None or not callable(getattr(cls, method, None)):
+            return changed(f"{class_name}.{method} not found")
+        if "reset_encoder_cache" in inspect.getsource(getattr(cls, method)):
+            return f"fixed upstream ({method} resets the encoder cache)"
+        return None
+
+    return probe
+
+
+probe = _probe("VLLMGeneration", "sync_weights")
 
 
 def apply(module, patcher):
     from shim.vllm import caches
 
     patcher.wrap(module.VLLMGeneration, "sync_weights", caches.after_sync_weights)
+
+
+def apply_online_dpo(module, patcher):
+    from shim.vllm import caches
+
+    patcher.wrap(module.OnlineDPOTrainer, "_move_model_to_vllm", caches.after_trainer_push)
 
 
 PATCH = Patch(
@@ -50,4 +64,32 @@ PATCH = Patch(
     verified="CPU: real TRL 1.16.0 and 1.9.2 VLLMGeneration on the vLLM stand-in's encoder cache",
 )
 
-PATCHES = [PATCH]
+ONLINE_DPO = Patch(
+    id="trl-online-dpo-encoder-cache",
+    tested_at=("trl", "1.16.0"),
+    issue="huggingface/trl#7198",
+    distribution="trl",
+    affected=">=0.26.0",
+    module="trl.experimental.online_dpo.online_dpo_trainer",
+    apply=apply_online_dpo,
+    probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
+    summary="OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal "
+            "caches reset after it, so reused images are encoded with the new weights (sleep mode off too)",
+    verified="CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0",
+)
+
+ONLINE_DPO_0X = Patch(
+    id="trl-online-dpo-encoder-cache-0x",
+    tested_at=("trl", "0.25.1"),
+    issue="huggingface/trl#7198",
+    distribution="trl",
+    affected=">=0.23.0,<0.26.0",
+    module="trl.trainer.online_dpo_trainer",
+    apply=apply_online_dpo,
+    probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
+    summary="0.23-0.25 OnlineDPOTrainer._move_model_to_vllm: the same reset (from 0.26 the class there subclasses "
+            "trl.experimental's)",
+    verified="CPU: contract only (TRL 0.25.1, the same push and prefix-only reset as 1.16.0)",
+)
+
+PATCHES = [PATCH, ONLINE_DPO, ONLINE_DPO_0X]

@@ -135,3 +135,16 @@ def test_online_dpo_push_with_sleep_on_resets_the_encoder_cache(model_dir):
                        vllm="0.16.0")
     assert on["trained_weights"] is True and on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 1, \
         proc.stderr
+
+
+def test_online_dpo_push_with_sleep_off_resets_the_encoder_cache(model_dir):
+    """Sleep mode off (OnlineDPO's default): no sleep resets the caches and the shim's push path is not
+    involved; OnlineDPO's own push (``_move_model_to_vllm``, prefix reset only) is followed by the encoder
+    reset of ``trl-online-dpo-encoder-cache`` alone (the VLLMGeneration record disabled: it must not be
+    what resets here)."""
+    off, _ = vlm_run("1.16.0", model_dir, "--trainer", "online_dpo", "--sleep", "off")
+    assert off["trained_weights"] is True and off["stale_encoder_hits"] == 1  # trl#7198 in OnlineDPO, newest TRL
+    on, proc = vlm_run("1.16.0", model_dir, "--trainer", "online_dpo", "--sleep", "off", "--shim", "on",
+                       SHIM_DISABLED_PATCHES="trl-vlm-encoder-cache")
+    assert on["trained_weights"] is True and on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 1, \
+        proc.stderr
