@@ -70,6 +70,7 @@ INDEX = (
     ("verify-weights-trl-gold", "verify_weights", "trl.experimental.gold.gold_trainer"),
     ("verify-weights-swift", "verify_weights", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("verify-weights-swift-4x", "verify_weights", "swift.rlhf_trainers.rollout_mixin"),
+    ("verl-mtp-sleep-level", "verl_mtp_sleep_level", "verl.workers.rollout.vllm_rollout.vllm_async_server"),
     ("trainer-metrics", "trainer_metrics", "transformers.trainer"),
     ("trainer-metrics-swift", "trainer_metrics", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("trainer-metrics-swift-4x", "trainer_metrics", "swift.rlhf_trainers.rollout_mixin"),

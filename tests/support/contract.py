@@ -69,6 +69,12 @@ def _environment(kind: str, release: str):
 
         python, vllm = str(swift_python(release)), swift_vllm_for(release)
         path = [fake_site(vllm), *swift_pythonpath(release)]
+    elif kind == "verl":
+        from tests.support.verl_support import verl_environment
+
+        python, vllm = sys.executable, None
+        path, verl_env = verl_environment(release)
+        env.update(verl_env)
     elif kind == "vllm-npu":  # the stand-in in NPU mode, with vllm-ascend metadata
         from tests.support.stand_in import site
 
@@ -78,7 +84,8 @@ def _environment(kind: str, release: str):
     else:
         python, vllm = sys.executable, release
         path = [fake_site(release)]
-    env["FAKEVLLM_VERSION"] = vllm
+    if vllm is not None:
+        env["FAKEVLLM_VERSION"] = vllm
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in path] + [str(REPO)])
     return python, env
 

@@ -16,6 +16,8 @@ Command line::
     python -m tests.support.envs trl all                # every version in TRL_VERSIONS
     python -m tests.support.envs all                    # same ("trl" is optional)
     python -m tests.support.envs triton                 # Triton for the digest kernel's CPU interpreter
+    python -m tests.support.envs verl 0.7.1 0.8.0 ...   # verl releases (+ the packages its rollout imports)
+    python -m tests.support.envs verl all               # every version in VERL_VERSIONS
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def _ready(path: pathlib.Path, package: str = "trl") -> bool:
     return (path / package / "__init__.py").is_file()
 
 
-def _install(dest: pathlib.Path, requirements: list[str], package: str = "trl") -> None:
+def _install(dest: pathlib.Path, requirements: list[str], package: str = "trl", drop: tuple = ()) -> None:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         cmd = [
@@ -134,6 +136,8 @@ def _install(dest: pathlib.Path, requirements: list[str], package: str = "trl") 
             raise EnvError(f"pip install {' '.join(requirements)} failed: {last.strip()}")
         if not (tmp / package / "__init__.py").is_file():
             raise EnvError(f"pip install {' '.join(requirements)} produced no {package} package")
+        for name in drop:
+            shutil.rmtree(tmp / name, ignore_errors=True)
         if dest.exists():  # stale, incomplete dir from an older run
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -167,6 +171,65 @@ def triton_path() -> pathlib.Path:
     return dest
 
 
+VERL_VERSIONS: tuple[str, ...] = ("0.7.1", "0.8.0", "0.9.0")
+"""verl releases the suite covers: 0.7.1 and 0.8.0 sleep an MTP rollout at level 2 (verl#6661), 0.9.0 has the fix."""
+
+VERL_DEPS: tuple[str, ...] = (
+    # what ``import verl.workers.rollout.vllm_rollout.vllm_async_server`` needs (measured: each missing one is an
+    # ImportError) beyond tests/requirements.txt; vLLM itself is the stand-in. ray is unavoidable: verl/__init__
+    # imports verl.protocol, which imports ray (the wheel is 70 MB, 171 MB installed: most of this env).
+    "ray==2.49.2", "msgpack==1.2.4", "protobuf==7.36.2", "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1",
+    "referencing==0.37.0", "rpds-py==2026.9.1", "click==8.5.1", "cloudpickle==3.1.3",
+    "tensordict==0.10.0", "pyvers==0.2.3", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3",
+    "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
+    "codetiming==1.4.0", "msgspec==0.23.0", "pyzmq==27.3.0", "orjson==3.13.0",
+    # fastapi >= 0.13x imports opentelemetry; this pair does not
+    "fastapi==0.115.12", "starlette==0.46.2", "uvicorn==0.54.0",
+)
+"""Installed once, with ``--no-deps``, into ``.envs/verl-deps-<hash of this list>``; every verl release shares it."""
+
+
+def _check_verl_version(version: str) -> str:
+    try:
+        return _check_version(version)
+    except EnvError:
+        raise EnvError(f"invalid verl version {version!r} (expected e.g. 0.8.0)") from None
+
+
+def verl_deps_path() -> pathlib.Path:
+    """Return .envs/verl-deps-<hash>, installing :data:`VERL_DEPS` there (no deps) first if needed."""
+    import hashlib
+
+    dest = ENVS_DIR / f"verl-deps-{hashlib.sha1(' '.join(VERL_DEPS).encode()).hexdigest()[:8]}"
+    if _ready(dest, "ray"):
+        return dest
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with _FileLock(ENVS_DIR / f".{dest.name}.lock"):
+        if not _ready(dest, "ray"):
+            _install(dest, list(VERL_DEPS), "ray")
+    return dest
+
+
+def verl_path(version: str) -> pathlib.Path:
+    """Return .envs/verl-<version>, installing verl==<version> there (no deps) first if needed. The wheel's
+    top-level ``tests`` and ``scripts`` (verl's own suite) are removed: they would shadow this repository's
+    ``tests``. Put :func:`verl_deps_path` on the path too."""
+    version = _check_verl_version(version)
+    dest = ENVS_DIR / f"verl-{version}"
+    if _ready(dest, "verl"):
+        return dest
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with _FileLock(ENVS_DIR / f".verl-{version}.lock"):
+        if not _ready(dest, "verl"):
+            _install(dest, [f"verl=={version}"], "verl", drop=("tests", "scripts"))
+    return dest
+
+
+def verl_paths(version: str) -> list:
+    """The sys.path entries of verl ``version``: the release, then the shared packages it imports."""
+    return [str(verl_path(version)), str(verl_deps_path())]
+
+
 def build_cli(argv: list, usage: str, all_versions, check, build) -> int:
     """The command line of the env builders (this module, ``tests.support.swift_envs``): ``VERSION ... | all``.
     Every version is checked before any is built; one path per version on stdout; a bad version
@@ -198,6 +261,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
+    if argv[:1] == ["verl"]:
+        usage = "usage: python -m tests.support.envs verl VERSION [VERSION ...] | all"
+        if argv[1:]:
+            try:
+                print(verl_deps_path(), flush=True)
+            except EnvError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+        return build_cli(argv[1:], usage, VERL_VERSIONS, _check_verl_version, verl_path)
     if argv[:1] == ["trl"]:
         argv = argv[1:]
     return build_cli(argv, usage, TRL_VERSIONS, _check_version, trl_path)

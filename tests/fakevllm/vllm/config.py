@@ -84,6 +84,19 @@ class LoRAConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """vllm/config/speculative.py ``SpeculativeConfig`` (the engine arg ``speculative_config={"method": ...,
+    "num_speculative_tokens": ...}``): the stand-in keeps the method and the token count."""
+    method: Optional[str] = None
+    num_speculative_tokens: int = 1
+    model: Any = None
+
+    def use_eagle(self) -> bool:
+        """Upstream: the methods whose drafter is an ``EagleProposer`` (MTP included)."""
+        return self.method in ("eagle", "eagle3", "mtp")
+
+
+@dataclass
 class VllmConfig:
     model_config: ModelConfig
     cache_config: CacheConfig = field(default_factory=CacheConfig)
@@ -91,3 +104,4 @@ class VllmConfig:
     lora_config: Optional[LoRAConfig] = None
     quant_config: Any = None
     additional_config: dict = field(default_factory=dict)
+    speculative_config: Optional[SpeculativeConfig] = None

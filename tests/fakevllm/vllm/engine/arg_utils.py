@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from vllm.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, VllmConfig
+from vllm.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
 
 @dataclass
@@ -86,7 +86,10 @@ class EngineArgs:
                             distributed_executor_backend=self.distributed_executor_backend,
                             world_size=self.tensor_parallel_size * self.pipeline_parallel_size)
         lc = LoRAConfig(self.max_lora_rank, self.max_loras) if self.enable_lora else None
-        return VllmConfig(mc, cc, pc, lc, additional_config=self.additional_config or {})
+        sc = self.speculative_config
+        if isinstance(sc, dict):
+            sc = SpeculativeConfig(**{k: v for k, v in sc.items() if k in ("method", "num_speculative_tokens", "model")})
+        return VllmConfig(mc, cc, pc, lc, additional_config=self.additional_config or {}, speculative_config=sc)
 
 
 AsyncEngineArgs = EngineArgs

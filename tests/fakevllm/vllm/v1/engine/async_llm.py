@@ -7,7 +7,8 @@
 ``generate(prompt, sampling_params, request_id, *, lora_request=None)`` is an async generator of
 ``RequestOutput`` (upstream streams deltas; the stand-in yields the finished output once).
 ``sleep(level, mode)``, ``wake_up(tags)``, ``is_sleeping()``, ``collective_rpc(method, timeout,
-args, kwargs)``, ``reset_prefix_cache(reset_running_requests, reset_connector)`` are coroutines that
+args, kwargs)``, ``reset_prefix_cache(reset_running_requests, reset_connector)``, ``reset_encoder_cache()``, ``reset_mm_cache()`` are
+coroutines that
 forward to the engine core (``*_async`` utility calls). ``shutdown()`` stops the engine-core process.
 """
 from __future__ import annotations
@@ -69,6 +70,12 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         return await self.engine_core.reset_prefix_cache_async(reset_running_requests, reset_connector)
+
+    async def reset_encoder_cache(self) -> None:
+        await self.engine_core.reset_encoder_cache_async()
+
+    async def reset_mm_cache(self) -> None:
+        await self.engine_core.reset_mm_cache_async()
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         await self.engine_core.sleep_async(level, mode)

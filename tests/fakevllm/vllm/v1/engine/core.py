@@ -62,6 +62,10 @@ class EngineCore:
     run_requests = LLMEngine.run_requests
     _reset_caches = LLMEngine._reset_caches
     _core_reset_prefix_cache = LLMEngine._core_reset_prefix_cache
+    if hasattr(LLMEngine, "reset_encoder_cache"):  # 0.16+, as the in-process engine
+        reset_encoder_cache = LLMEngine.reset_encoder_cache
+    if hasattr(LLMEngine, "reset_mm_cache"):
+        reset_mm_cache = LLMEngine.reset_mm_cache
 
     def is_scheduler_paused(self) -> bool:
         return self._scheduler_paused

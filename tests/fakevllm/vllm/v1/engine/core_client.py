@@ -122,5 +122,11 @@ class AsyncMPClient(MPClient):
                                        reset_connector: bool = False) -> bool:
         return await self.call_utility_async("reset_prefix_cache", reset_running_requests, reset_connector)
 
+    async def reset_encoder_cache_async(self) -> None:
+        await self.call_utility_async("reset_encoder_cache")
+
+    async def reset_mm_cache_async(self) -> None:
+        await self.call_utility_async("reset_mm_cache")
+
     async def collective_rpc_async(self, method, timeout=None, args=(), kwargs=None):
         return await self.call_utility_async("collective_rpc", method, timeout, args, kwargs)

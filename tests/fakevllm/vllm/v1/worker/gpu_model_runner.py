@@ -17,7 +17,8 @@ As vLLM's model loader (``BaseModelLoader.load_model``), ``load_model`` gives ev
 ``reload_weights`` follows the version: up to 0.15 a disk reload without post-processing
 (``model_loader.load_weights`` only, 0.15.1); from 0.16 ``reload_weights(weights_iterator=None,
 weights_path=None, is_checkpoint_format=True)`` through the layerwise reload
-(``model_loader/reload``).
+(``model_loader/reload``). With ``speculative_config`` (eagle / eagle3 / mtp) the runner has a ``drafter``
+(``vllm/v1/spec_decode/eagle.py``) loaded after the target, in the same weights tag.
 """
 from __future__ import annotations
 
@@ -115,6 +116,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.checkpoint_fp = None
         self.prefix_cache: dict[tuple, str] = {}
         self.mla_layers: list = []
+        spec = getattr(vllm_config, "speculative_config", None)
+        if spec is not None and spec.use_eagle():  # upstream: EagleProposer for eagle / eagle3 / mtp
+            from vllm.v1.spec_decode.eagle import EagleProposer
+            self.drafter = EagleProposer(vllm_config, device, self)
 
     # -- loading --------------------------------------------------------------
     def _from_disk(self):
@@ -147,6 +152,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         process_weights_after_loading(hf, self.model_config, self.device)
         self.checkpoint_fp = self.weights_fp()
         self.weights_origin = "checkpoint"
+        if hasattr(self, "drafter"):  # upstream: after the target (and LoRA), in the same weights pool
+            self.drafter.load_model(self.model)
         _fake.log_event("load_model", model=str(self.model_config.model), nbytes=nbytes,
                         weights_fp=self.checkpoint_fp, in_pool=self.weights_alloc.pool is not None)
 
