@@ -42,8 +42,9 @@ def run_python(code: str, path: list | tuple = (), env: dict | None = None, args
     """Run ``code`` in a new interpreter with ``path`` first on PYTHONPATH (then the repo)."""
     env = clean_env() if env is None else dict(env)
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in path] + [str(REPO)])
-    proc = subprocess.run([sys.executable, *args, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=str(REPO))
+    from tests.support import warm
+
+    proc = warm.run(sys.executable, [*args, "-c", code], env, str(REPO), timeout)  # warm: torch imported once
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return proc

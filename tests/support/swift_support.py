@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 
 from shim.vllm.alloc_guard import ENV_VARS as ALLOC_VARS
+from tests.support import warm
 from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port
 from tests.support.swift_envs import swift_python, swift_pythonpath
 from tests.support.trl_support import fake_site
@@ -54,8 +55,7 @@ def run_in_swift(version: str, argv: list, env: dict | None = None, check: bool 
     environment.update({k: str(v) for k, v in (env or {}).items()})
     environment["PYTHONPATH"] = os.pathsep.join([fake_site(vllm_version, device), str(REPO),
                                                  *swift_pythonpath(version)])
-    proc = subprocess.run([str(swift_python(version)), *[str(a) for a in argv]], env=environment,
-                          capture_output=True, text=True, timeout=900, cwd=out)
+    proc = warm.run(swift_python(version), argv, environment, out, 900)  # warm: torch imported once per server
     if not check:
         return proc
     if proc.returncode != 0:
