@@ -34,11 +34,11 @@ PRELOAD = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "tokenizers")
 are importable when it is imported (``transformers`` and ``accelerate`` do: which packages are available, an
 NPU behind ``torch_npu``, are fixed at their import, so they stay the child's). ``deepspeed`` too where
 ``DS_ACCELERATOR=cpu`` fixes its accelerator."""
-IMPORT_ENV = ("PYTORCH_", "TORCH_", "OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "DS_", "CUDA_",
-              "DATASETS_", "ACCELERATE_", "HUGGINGFACE_", "XDG_", "HOME", "TMPDIR", "LANG", "LC_")
-"""Prefixes of the variables a preloaded library may read at import: a child runs warm only where its
-values equal the server's."""
+IMPORT_ENV = ("PYTORCH_", "TORCH_", "OMP_", "MKL_", "CUDA_", "DS_", "TOKENIZERS_", "LANG", "LC_")
+"""Prefixes of the variables a preloaded library may read at import (the allocator settings among them): a
+child runs warm only on a server whose values are its own."""
 SERVERS_PER_WORKER = 4
+"""Servers a test worker keeps (the least recently used one goes when another is needed)."""
 
 _servers: dict = {}  # key -> Server (this test worker's)
 _listing: dict = {}  # path entry -> its top-level names
@@ -137,15 +137,16 @@ def server_for(python: str, argv: list, env: dict) -> "Server | None":
         return None
     entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     key_env = _import_env(env)
-    for key, server in _servers.items():
+    for key, server in list(_servers.items()):
         if key[0] == python and key[2] == key_env and server.proc.poll() is None:
             extra = [e for e in entries if e not in server.path]
             if not any(_names(e) & server.loaded for e in extra):
+                _servers[key] = _servers.pop(key)  # most recently used last
                 return server
     heavy = tuple(e for e in entries if _names(e) & (set(PRELOAD) | {"deepspeed"}))
     key = (python, heavy, key_env)
-    if len(_servers) >= SERVERS_PER_WORKER:
-        return None
+    while len(_servers) >= SERVERS_PER_WORKER or key in _servers:
+        _servers.pop(key if key in _servers else next(iter(_servers))).close()
     try:
         server = _servers[key] = Server(python, heavy, env)
     except Exception:
