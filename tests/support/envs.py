@@ -146,29 +146,28 @@ def _install(dest: pathlib.Path, requirements: list[str], package: str = "trl", 
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _cached(dest: pathlib.Path, requirements: list, package: str = "trl", drop: tuple = ()) -> pathlib.Path:
+    """``dest``, installing ``requirements`` there first (once, under an exclusive lock) unless ``package`` is in it."""
+    if _ready(dest, package):
+        return dest
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with _FileLock(ENVS_DIR / f".{dest.name}.lock"):
+        if not _ready(dest, package):
+            _install(dest, requirements, package, drop)
+    return dest
+
+
 def trl_path(version: str) -> pathlib.Path:
     """Return .envs/trl-<version>, installing trl==<version> there first if needed."""
     version = _check_version(version)
     dest = ENVS_DIR / f"trl-{version}"
-    if _ready(dest):
-        return dest
-    ENVS_DIR.mkdir(parents=True, exist_ok=True)
-    with _FileLock(ENVS_DIR / f".trl-{version}.lock"):
-        if not _ready(dest):
-            _install(dest, [f"trl=={version}", *TRL_EXTRAS.get(version, ())])
-    return dest
+    return _cached(dest, [f"trl=={version}", *TRL_EXTRAS.get(version, ())])
 
 
 def triton_path() -> pathlib.Path:
     """Return .envs/triton-<TRITON_VERSION>, installing that Triton there (no deps) first if needed."""
     dest = ENVS_DIR / f"triton-{TRITON_VERSION}"
-    if _ready(dest, "triton"):
-        return dest
-    ENVS_DIR.mkdir(parents=True, exist_ok=True)
-    with _FileLock(ENVS_DIR / f".triton-{TRITON_VERSION}.lock"):
-        if not _ready(dest, "triton"):
-            _install(dest, [f"triton=={TRITON_VERSION}"], "triton")
-    return dest
+    return _cached(dest, [f"triton=={TRITON_VERSION}"], "triton")
 
 
 VERL_VERSIONS: tuple[str, ...] = ("0.7.1", "0.8.0", "0.9.0")
@@ -201,13 +200,7 @@ def verl_deps_path() -> pathlib.Path:
     import hashlib
 
     dest = ENVS_DIR / f"verl-deps-{hashlib.sha1(' '.join(VERL_DEPS).encode()).hexdigest()[:8]}"
-    if _ready(dest, "ray"):
-        return dest
-    ENVS_DIR.mkdir(parents=True, exist_ok=True)
-    with _FileLock(ENVS_DIR / f".{dest.name}.lock"):
-        if not _ready(dest, "ray"):
-            _install(dest, list(VERL_DEPS), "ray")
-    return dest
+    return _cached(dest, list(VERL_DEPS), "ray")
 
 
 def verl_path(version: str) -> pathlib.Path:
@@ -216,13 +209,7 @@ def verl_path(version: str) -> pathlib.Path:
     ``tests``. Put :func:`verl_deps_path` on the path too."""
     version = _check_verl_version(version)
     dest = ENVS_DIR / f"verl-{version}"
-    if _ready(dest, "verl"):
-        return dest
-    ENVS_DIR.mkdir(parents=True, exist_ok=True)
-    with _FileLock(ENVS_DIR / f".verl-{version}.lock"):
-        if not _ready(dest, "verl"):
-            _install(dest, [f"verl=={version}"], "verl", drop=("tests", "scripts"))
-    return dest
+    return _cached(dest, [f"verl=={version}"], "verl", drop=("tests", "scripts"))
 
 
 def verl_paths(version: str) -> list:
