@@ -38,13 +38,19 @@ def clean_env(**extra: str) -> dict:
 
 
 def run_python(code: str, path: list | tuple = (), env: dict | None = None, args: list | tuple = (),
-               timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``code`` in a new interpreter with ``path`` first on PYTHONPATH (then the repo)."""
+               timeout: int = 600, check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new interpreter with ``path`` first on PYTHONPATH (then the repo): a warm one
+    (``tests/support/warm.py``: torch and a few more already imported), or with ``fresh`` a cold one (a
+    test of what an import pulls in)."""
     env = clean_env() if env is None else dict(env)
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in path] + [str(REPO)])
     from tests.support import warm
 
-    proc = warm.run(sys.executable, [*args, "-c", code], env, str(REPO), timeout)  # warm: torch imported once
+    if fresh:
+        proc = subprocess.run([sys.executable, *args, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=timeout, cwd=str(REPO))
+    else:
+        proc = warm.run(sys.executable, [*args, "-c", code], env, str(REPO), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return proc

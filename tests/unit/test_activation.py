@@ -20,7 +20,7 @@ def shim_run(args, env=None, **kw):
 def test_import_auto_imports_no_upstream():
     proc = run_python("import sys, shim.auto, shim\n"
                       "heavy = [m for m in ('torch', 'transformers', 'trl', 'vllm', 'swift', 'deepspeed') if m in sys.modules]\n"
-                      "print(shim.is_active(), heavy)")
+                      "print(shim.is_active(), heavy)", fresh=True)
     assert proc.stdout.strip() == "True []"
 
 

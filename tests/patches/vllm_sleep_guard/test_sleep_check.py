@@ -399,5 +399,5 @@ def test_alloc_guard_restores_exactly():
 def test_import_shim_auto_imports_no_torch_or_vllm():
     proc = run_python("import json, sys, shim.auto, shim.engine.catalog; shim.engine.catalog.all_patches()\n"
                       "print(json.dumps([m for m in ('torch', 'vllm', 'trl', 'vllm_ascend') if m in sys.modules]))",
-                      path=[FAKEVLLM])
+                      path=[FAKEVLLM], fresh=True)
     assert last_json(proc) == []
