@@ -64,32 +64,21 @@ PATCH = Patch(
     verified="CPU: real TRL 1.16.0 and 1.9.2 VLLMGeneration on the vLLM stand-in's encoder cache",
 )
 
-ONLINE_DPO = Patch(
-    id="trl-online-dpo-encoder-cache",
-    tested_at=("trl", "1.16.0"),
-    issue="huggingface/trl#7198",
-    distribution="trl",
-    affected=">=0.26.0",
-    module="trl.experimental.online_dpo.online_dpo_trainer",
-    apply=apply_online_dpo,
-    probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
-    summary="OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal "
-            "caches reset after it, so reused images are encoded with the new weights (sleep mode off too)",
-    verified="CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0",
-)
+def _online_dpo(patch_id: str, affected: str, module: str, tested_at: tuple, summary: str, verified: str) -> Patch:
+    return Patch(id=patch_id, tested_at=tested_at, issue="huggingface/trl#7198", distribution="trl", affected=affected,
+                 module=module, apply=apply_online_dpo, probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
+                 summary=summary, verified=verified)
 
-ONLINE_DPO_0X = Patch(
-    id="trl-online-dpo-encoder-cache-0x",
-    tested_at=("trl", "0.25.1"),
-    issue="huggingface/trl#7198",
-    distribution="trl",
-    affected=">=0.23.0,<0.26.0",
-    module="trl.trainer.online_dpo_trainer",
-    apply=apply_online_dpo,
-    probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
-    summary="0.23-0.25 OnlineDPOTrainer._move_model_to_vllm: the same reset (from 0.26 the class there subclasses "
-            "trl.experimental's)",
-    verified="CPU: contract only (TRL 0.25.1, the same push and prefix-only reset as 1.16.0)",
-)
+
+ONLINE_DPO = _online_dpo(
+    "trl-online-dpo-encoder-cache", ">=0.26.0", "trl.experimental.online_dpo.online_dpo_trainer", ("trl", "1.16.0"),
+    "OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal caches reset "
+    "after it, so reused images are encoded with the new weights (sleep mode off too)",
+    "CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0")
+ONLINE_DPO_0X = _online_dpo(
+    "trl-online-dpo-encoder-cache-0x", ">=0.23.0,<0.26.0", "trl.trainer.online_dpo_trainer", ("trl", "0.25.1"),
+    "0.23-0.25 OnlineDPOTrainer._move_model_to_vllm: the same reset (from 0.26 the class there subclasses "
+    "trl.experimental's)",
+    "CPU: contract only (TRL 0.25.1, the same push and prefix-only reset as 1.16.0)")
 
 PATCHES = [PATCH, ONLINE_DPO, ONLINE_DPO_0X]
