@@ -92,12 +92,12 @@ def _probe_worker(names):
 
 
 def _apply_worker_guard(module, patcher):
-    from shim.vllm import alloc_guard, memory, worker_check
+    from shim.vllm import alloc_guard, engine_guard, memory, worker_check
 
     alloc_guard.track_live_setting(memory.probe(), patcher)
     for name in ("load_model", "initialize_from_config"):
         patcher.wrap(module.Worker, name, worker_check.guard_alloc)
-    patcher.wrap(module.Worker, "wake_up", worker_check.guard_wake)
+    patcher.wrap(module.Worker, "wake_up", engine_guard.guard_wake)  # the engine's wake guard serves a worker too
 
 
 def _apply_worker_check(module, patcher):

@@ -137,22 +137,23 @@ def check_prefix_reset(wrapped, instance, args, kwargs):
 
 
 
-def after_trainer_push(wrapped, instance, args, kwargs):
-    """Wrapper of TRL OnlineDPO's ``_move_model_to_vllm`` (its own push; it resets only the prefix
-    cache): in colocate mode the engine's encoder and multi-modal caches are reset after it. With
-    sleep mode on, the shim's push path may have reset them already (``after_push``): a second reset
-    of an empty cache costs nothing."""
-    result = wrapped(*args, **kwargs)
-    llm = getattr(instance, "llm", None)
-    if getattr(instance, "vllm_mode", None) == "colocate" and llm is not None:
-        reset_encoder_caches(llm)
-    return result
+def resets_after(mode_attribute: str):
+    """A wrapper of a TRL push whose object says colocate in ``mode_attribute``: after the push, the
+    colocated engine's (``instance.llm``) encoder and multi-modal caches are reset."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        llm = getattr(instance, "llm", None)
+        if getattr(instance, mode_attribute, None) == "colocate" and llm is not None:
+            reset_encoder_caches(llm)
+        return result
+
+    return wrapper
 
 
-def after_sync_weights(wrapped, instance, args, kwargs):
-    """Wrapper of TRL's ``VLLMGeneration.sync_weights``: colocate engine caches reset after the push."""
-    result = wrapped(*args, **kwargs)
-    llm = getattr(instance, "llm", None)
-    if getattr(instance, "mode", None) == "colocate" and llm is not None:
-        reset_encoder_caches(llm)
-    return result
+after_sync_weights = resets_after("mode")
+"""``VLLMGeneration.sync_weights``."""
+after_trainer_push = resets_after("vllm_mode")
+"""OnlineDPO's ``_move_model_to_vllm`` (its own push, which resets only the prefix cache). With sleep mode
+on, the shim's push path may have reset the caches already (``after_push``): a second reset of an empty
+cache costs nothing."""

@@ -13,8 +13,9 @@ and only keep the record; these wrappers run in the process of the worker:
   expandable-segments routes that are on (:func:`check_init`);
 - ``load_model`` and ``initialize_from_config`` (where the weights and the KV cache are allocated
   into the sleep pool, vLLM's ``_maybe_get_memory_pool_context``) and ``wake_up`` (re-mapped pages)
-  run inside the allocator guard, the user's setting back afterwards (:func:`guard_alloc`,
-  :func:`guard_wake`);
+  run inside the allocator guard, the user's setting back afterwards (:func:`guard_alloc`; the wake
+  through ``shim.vllm.engine_guard.guard_wake``, the engine's own, which reads the worker's sleep mode and
+  books its seconds on the worker's running check);
 - ``sleep`` / ``wake_up``: the sleep check of ``shim.vllm.sleep_check`` (freed vs the pool, the
   ineffective-sleep WARNING, the first-sleep reset, per-tag wake, telemetry), on the worker's own
   state: the record's ``engine`` is ``Worker#<n>``, its ``pid`` the worker's process.
@@ -36,9 +37,7 @@ from shim.vllm import alloc_guard, engines, memory, sleep_check, sleep_state
 
 
 def _owner_acting(state) -> bool:
-    owner = state.owner
-    call = owner.call if owner is not None else None
-    return call is not None and call.mine()
+    return state.owner is not None and sleep_check._inner(state.owner)
 
 
 def check_init(wrapped, instance, args, kwargs):
@@ -86,18 +85,6 @@ def guard_alloc(wrapped, instance, args, kwargs):
         state.measure.guarded_init = True
         if token is not None and token.saw:
             state.measure.guard_saw = list(token.saw)
-        return wrapped(*args, **kwargs)
-    finally:
-        alloc_guard.resume(token)
-
-
-def guard_wake(wrapped, instance, args, kwargs):
-    """``Worker.wake_up`` of a sleep-mode worker with expandable segments off."""
-    probe = memory.probe()
-    if probe is None or engines.sleep_mode(instance) is False:
-        return wrapped(*args, **kwargs)
-    token = alloc_guard.suspend(probe)
-    try:
         return wrapped(*args, **kwargs)
     finally:
         alloc_guard.resume(token)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -76,9 +77,17 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(self, argv: list, env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
-        out, err, rc = (os.path.join(tempfile.mkdtemp(prefix="warm-run-"), n) for n in ("out", "err", "rc"))
+        folder = tempfile.mkdtemp(prefix="warm-run-")
+        out, err, rc = (os.path.join(folder, n) for n in ("out", "err", "rc"))
+        try:
+            return self._run(argv, env, cwd, timeout, out, err, rc)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the output is read into the result
+
+    def _run(self, argv, env, cwd, timeout, out, err, rc) -> subprocess.CompletedProcess:
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(self.sock)
             s.sendall(json.dumps({"argv": argv, "env": env, "cwd": cwd, "out": out, "err": err, "rc": rc}).encode()
