@@ -10,9 +10,13 @@
 args, kwargs)``, ``reset_prefix_cache(reset_running_requests, reset_connector)``, ``reset_encoder_cache()``, ``reset_mm_cache()`` are
 coroutines that
 forward to the engine core (``*_async`` utility calls). ``shutdown()`` stops the engine-core process.
+``reset_encoder_cache`` exists from 0.16 (vllm#33452, with ``LLMEngine.reset_encoder_cache``: the engine core
+then resets the scheduler's ``EncoderCacheManager`` and the runner's storage); an older ``AsyncLLM`` has none
+(verl 0.7.1's ``sleep`` keeps the call commented out, 0.8.0's ``_sleep_hybrid`` makes it from vLLM 0.17).
 """
 from __future__ import annotations
 
+from vllm import _fake
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.v1.engine.core_client import EngineCoreClient
@@ -89,3 +93,7 @@ class AsyncLLM:
     async def collective_rpc(self, method, timeout: "float | None" = None, args: tuple = (),
                              kwargs: "dict | None" = None):
         return await self.engine_core.collective_rpc_async(method, timeout, args, kwargs)
+
+
+if _fake.V < _fake.Version("0.16.0"):  # added in 0.16.0, as LLMEngine.reset_encoder_cache
+    del AsyncLLM.reset_encoder_cache
