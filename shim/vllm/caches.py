@@ -12,6 +12,7 @@ Two upstream gaps, one moment (right after the trainer wrote new weights into a 
   0.17+ also resets both inside every sleep of level >= 1 (``EngineCore._reset_caches``), so
   with sleep mode on the gap is the push without a sleep before it (sleep mode off, or a push
   between sleeps); vLLM < 0.16 has no public reset: one WARNING says so.
+  :func:`reset_encoder_caches_async` does the same on vLLM's ``AsyncLLM`` (verl, volcengine/verl#6523).
 - Prefix-cache reset that fails silently (vllm#28827). ``reset_prefix_cache()`` returns False
   while requests hold KV blocks (``BlockPool.reset_prefix_cache``: "some blocks are not freed
   yet") and TRL / ms-swift ignore it, so prompts after the update reuse KV computed with the old
@@ -70,10 +71,8 @@ def reset_encoder_caches(llm) -> list:
             done.append("encoder")
         except Exception as exc:  # a cache reset must never stop training
             log.warning(f"reset_encoder_cache after a weight push failed ({type(exc).__name__}: {exc})")
-    elif _once(engine):
-        log.warning("this vLLM has no reset_encoder_cache (added in 0.16.0): an image reused after a weight "
-                    "update may get the encoder output of the old weights (huggingface/trl#7198); "
-                    "upgrade vLLM to >=0.16 for vision-language training")
+    else:
+        _no_encoder_reset(engine, "huggingface/trl#7198")
     outer = getattr(llm, "__wrapped__", llm)
     reset_mm = getattr(outer, "reset_mm_cache", None) or getattr(engine, "reset_mm_cache", None)
     if callable(reset_mm):
@@ -84,6 +83,42 @@ def reset_encoder_caches(llm) -> list:
             log.warning(f"reset_mm_cache after a weight push failed ({type(exc).__name__}: {exc})")
     if done:
         log.debug(f"after a weight push: reset the {' and '.join(done)} cache(s)")
+    return done
+
+
+def _no_encoder_reset(engine, issue: str) -> None:
+    """One WARNING per engine: this vLLM cannot drop the encoder outputs of the old weights."""
+    if _once(engine):
+        log.warning(f"this vLLM has no reset_encoder_cache (added in 0.16.0): an image reused after a weight "
+                    f"update may get the encoder output of the old weights ({issue}); "
+                    f"upgrade vLLM to >=0.16 for vision-language training")
+
+
+async def reset_encoder_caches_async(engine, issue: str) -> list:
+    """:func:`reset_encoder_caches` for vLLM's ``AsyncLLM`` (verl's ``vLLMHttpServer.engine``), whose resets
+    are coroutines: ``reset_mm_cache`` (every ``AsyncLLM`` verl drives), then ``reset_encoder_cache``
+    (``AsyncLLM`` 0.16+, as ``LLMEngine``), the order of verl 0.9.0's ``clear_kv_cache``. Returns the names
+    of the caches reset. A reset that raises is one WARNING (``SHIM_STRICT=1``: raised), the other still
+    runs; a vLLM without ``reset_encoder_cache``: one WARNING per engine naming ``issue``."""
+    done, failed = [], []
+    for name, method in (("mm", "reset_mm_cache"), ("encoder", "reset_encoder_cache")):
+        reset = getattr(engine, method, None)
+        if not callable(reset):
+            if name == "encoder":
+                _no_encoder_reset(engine, issue)
+            continue
+        try:
+            await reset()
+            done.append(name)
+        except Exception as exc:  # a cache reset must never stop training (unless SHIM_STRICT)
+            failed.append(exc)
+            log.warning(f"{method} after a weight update failed ({type(exc).__name__}: {exc}): an image reused "
+                        f"after it may get the encoder output of the old weights ({issue})")
+    if failed and config.strict():
+        raise RuntimeError(f"[shim] a cache reset after a weight update failed ({config.SHIM_STRICT}=1)") \
+            from failed[0]
+    if done:
+        log.debug(f"after a weight update: reset the {' and '.join(done)} cache(s)")
     return done
 
 
