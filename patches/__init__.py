@@ -71,6 +71,7 @@ INDEX = (
     ("verify-weights-swift", "verify_weights", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("verify-weights-swift-4x", "verify_weights", "swift.rlhf_trainers.rollout_mixin"),
     ("verl-mtp-sleep-level", "verl_mtp_sleep_level", "verl.workers.rollout.vllm_rollout.vllm_async_server"),
+    ("verl-vlm-encoder-cache", "verl_vlm_encoder_cache", "verl.workers.rollout.vllm_rollout.vllm_async_server"),
     ("trainer-metrics", "trainer_metrics", "transformers.trainer"),
     ("trainer-metrics-swift", "trainer_metrics", "swift.trainers.rlhf_trainer.rollout_mixin"),
     ("trainer-metrics-swift-4x", "trainer_metrics", "swift.rlhf_trainers.rollout_mixin"),
