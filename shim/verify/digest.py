@@ -110,6 +110,19 @@ def _words(flat, dtype):
     return raw.view(torch.int16).view(-1, K)
 
 
+class Rows:
+    """One piece's partial sums: rows ``start:stop`` of a device int64 ``[n, COLS]`` tensor (the
+    pieces of one launch share one tensor; :func:`collect` copies each tensor to the host once)."""
+
+    __slots__ = ("table", "start", "stop")
+
+    def __init__(self, table, start: int = 0, stop: "int | None" = None):
+        self.table, self.start, self.stop = table, start, table.shape[0] if stop is None else stop
+
+    def tensor(self):
+        return self.table[self.start:self.stop]
+
+
 # ---------------------------------------------------------------------------
 # routes: partial sums [n, COLS] int64 whose column sums are the digest
 # ---------------------------------------------------------------------------
@@ -175,23 +188,57 @@ def _triton_kernel():
 
 def _triton_source(t, dtype):
     """``(flat source, CAST)`` for the kernel, or None where the ``torch`` route must do it (not a
-    CUDA tensor, not a 2-byte target, not a 2- or 4-byte float source)."""
-    import torch
-
+    CUDA tensor, not a 2-byte target, not a 2- or 4-byte float source). A contiguous source that is
+    float32 or already ``dtype`` is the tensor itself (the kernel reads its words: no op per piece)."""
     if (t.device.type not in TRITON_DEVICES or dtype.itemsize != 2 or t.dtype.itemsize not in (2, 4)
             or not t.is_floating_point()):
         return None
-    src = t.contiguous().reshape(-1)
-    if src.dtype.itemsize == 2:
-        return src.to(dtype).view(torch.int16), 0
-    return src, 1 if dtype == torch.bfloat16 else 2
+    import torch
+
+    if t.dtype.itemsize == 2 and t.dtype != dtype:
+        t = t.to(dtype)
+    elif not t.is_contiguous():
+        t = t.contiguous()
+    return t, 0 if t.dtype.itemsize == 2 else 1 if dtype == torch.bfloat16 else 2
+
+
+_plans: dict = {}   # (device, CAST, BLOCK_ROWS, (data_ptr, numel) of each member) -> launch tables (last few calls)
+PLANS = 8
+"""Launch tables kept (a check's pieces sit at the same addresses from one check to the next)."""
+
+
+def _plan(device, cast: int, members: list):
+    """``(table [3, n], program -> piece, program -> first row, programs)`` for one launch, cached."""
+    import torch
+
+    key = (str(device), cast, BLOCK_ROWS, tuple((src.data_ptr(), src.numel()) for _, src in members))
+    with _lock:
+        got = _plans.get(key)
+        if got is not None:
+            _plans[key] = _plans.pop(key)  # most recently used last
+            return got
+    nels = [n for _, n in key[3]]
+    blocks = [-(-max(1, n) // (BLOCK_ROWS * K)) for n in nels]
+    total = sum(blocks)
+    host = torch.tensor([[p for p, _ in key[3]], nels, blocks], dtype=torch.int64)
+    table = host.to(device)
+    bpiece = torch.repeat_interleave(torch.arange(len(members), device=device), table[2], output_size=total)
+    starts = torch.cumsum(table[2], 0) - table[2]
+    brow = (torch.arange(total, device=device) - starts[bpiece]) * BLOCK_ROWS
+    got = (table, bpiece, brow, total, max(blocks) * BLOCK_ROWS)
+    with _lock:
+        _plans[key] = got
+        while len(_plans) > PLANS:
+            _plans.pop(next(iter(_plans)))
+    return got
 
 
 def _triton_many(pieces, dtypes) -> list:
     """The ``triton`` route over many pieces: one kernel launch per kind of source (2-byte words,
     float32 to bfloat16, float32 to float16) over every block of every piece of that kind, the
     blocks' partials added per piece on the device (``index_add_``). Pieces it cannot take go
-    through the ``torch`` route."""
+    through the ``torch`` route. Host work per piece is a few attribute reads (a check has
+    hundreds of pieces: a torch op per piece would cost more than the kernel)."""
     import torch
 
     out = [None] * len(pieces)
@@ -200,34 +247,26 @@ def _triton_many(pieces, dtypes) -> list:
     for i, (t, d) in enumerate(zip(pieces, dtypes)):
         got = _triton_source(t, d)
         if got is None:
-            out[i] = _torch_partials(t, d)
+            out[i] = Rows(_torch_partials(_prepared(t), d))
             continue
         src, cast = got
         keep.append(src)
-        groups.setdefault((str(src.device), cast), []).append((i, src))
-    for (dev, cast), members in groups.items():
-        nels = [src.numel() for _, src in members]
-        blocks = [-(-_rows_of(n, torch.bfloat16) // BLOCK_ROWS) for n in nels]
-        total = sum(blocks)
-        device = members[0][1].device
-        host = torch.tensor([[src.data_ptr() for _, src in members], nels, blocks], dtype=torch.int64)
-        table = host.to(device, non_blocking=False)
-        bpiece = torch.repeat_interleave(torch.arange(len(members), device=device), table[2], output_size=total)
-        starts = torch.cumsum(table[2], 0) - table[2]
-        brow = (torch.arange(total, device=device) - starts[bpiece]) * BLOCK_ROWS
-        p, q = tables(device, max(blocks) * BLOCK_ROWS)
+        groups.setdefault((src.device, cast), []).append((i, src))
+    for (device, cast), members in groups.items():
+        table, bpiece, brow, total, rows = _plan(device, cast, members)
+        p, q = tables(device, rows)
         partial = torch.empty(total, COLS, dtype=torch.int64, device=device)
         _triton_kernel()[(total,)](table[0], table[1], bpiece, brow, p, q, partial, KW=K, BR=BLOCK_ROWS, NC=COLS,
                                    CAST=cast)
         sums = torch.zeros(len(members), COLS, dtype=torch.int64, device=device).index_add_(0, bpiece, partial)
         for row, (i, _) in enumerate(members):
-            out[i] = sums[row:row + 1]
+            out[i] = Rows(sums, row, row + 1)
     del keep
     return out
 
 
 def _torch_many(pieces, dtypes) -> list:
-    return [_torch_partials(t, d) for t, d in zip(pieces, dtypes)]
+    return [Rows(_torch_partials(_prepared(t), d)) for t, d in zip(pieces, dtypes)]
 
 
 ROUTES = {"triton": _triton_many, "torch": _torch_many}
@@ -254,9 +293,9 @@ def route(device) -> str:
             if name == "torch":
                 break
             try:
-                ok = all(torch.equal(got.sum(0).cpu(), _torch_partials(t, d).sum(0))
-                         for d in (torch.bfloat16, torch.float16)
-                         for t, got in zip(probe, fn([t.to(device) for t in probe], [d] * len(probe))))
+                ok = all(collect(fn([t.to(device) for t in probe], [d] * len(probe)))
+                         == collect([Rows(_torch_partials(t, d)) for t in probe])
+                         for d in (torch.bfloat16, torch.float16))
             except Exception:  # not available on this device / build
                 ok = False
             if ok:
@@ -274,19 +313,18 @@ def _prepared(t):
 
 def partials(t, dtype=None):
     """Device int64 ``[n, COLS]`` whose column sums are ``t``'s digest as ``dtype``."""
-    return partials_many([t], [dtype])[0]
+    return partials_many([t], [dtype])[0].tensor()
 
 
 def partials_many(pieces, dtypes=None) -> list:
-    """:func:`partials` of each piece (``dtypes``: each one's, None = its own), computed together:
+    """:class:`Rows` of each piece (``dtypes``: each one's, None = its own), computed together:
     the ``triton`` route launches once per kind of source, not once per piece."""
     import torch
 
-    pieces = [_prepared(t) for t in pieces]
     dtypes = [d or t.dtype for t, d in zip(pieces, dtypes or [None] * len(pieces))]
     if not pieces:
         return []
-    names = {route(t.device) for t in pieces}
+    names = {route(device) for device in {t.device for t in pieces}}
     with torch.no_grad():
         if names == {"torch"}:
             return _torch_many(pieces, dtypes)
@@ -305,20 +343,30 @@ def wrap(v: int) -> int:
 
 
 def collect(parts: list) -> list:
-    """Digests from :func:`partials` results: one host copy per device, sums modulo ``2**64``."""
+    """Digests from :func:`partials_many` results (:class:`Rows`): one host copy per device, sums
+    modulo ``2**64``."""
     import torch
 
+    tables: dict = {}  # id(table) -> table, in first-seen order
+    for p in parts:
+        tables.setdefault(id(p.table), p.table)
     by_device: dict = {}
-    for i, p in enumerate(parts):
-        by_device.setdefault(str(p.device), []).append(i)
-    out = [None] * len(parts)
-    for idx in by_device.values():
-        host = torch.cat([parts[i] for i in idx]).cpu().tolist()
+    for key, table in tables.items():
+        by_device.setdefault(str(table.device), []).append(key)
+    at: dict = {}  # id(table) -> (host rows, offset)
+    for keys in by_device.values():
+        host = torch.cat([tables[k] for k in keys]).cpu().tolist()
         pos = 0
-        for i in idx:
-            rows = host[pos:pos + parts[i].shape[0]]
-            pos += parts[i].shape[0]
-            out[i] = [wrap(sum(r[c] for r in rows)) for c in range(COLS)]
+        for k in keys:
+            at[k] = pos
+            pos += tables[k].shape[0]
+        for k in keys:
+            at[k] = (host, at[k])
+    out = []
+    for p in parts:
+        host, base = at[id(p.table)]
+        rows = host[base + p.start:base + p.stop]
+        out.append([wrap(sum(r[c] for r in rows)) for c in range(COLS)])
     return out
 
 

@@ -2,7 +2,8 @@
 launch per kind of source over pieces of every shape that matters (several pieces per launch, ragged
 tails, exactly one block, an empty piece, a non-contiguous view, float32 rounded to bfloat16 and to
 float16 with round-to-nearest-even carries, overflow to inf, signed zeros), compared with the
-definition (``shim.verify.digest.reference``). Prints one JSON line:
+definition; then the same pieces again (cached launch tables) after a change of ``BLOCK_ROWS`` and after
+an element changed in place (``shim.verify.digest.reference``). Prints one JSON line:
 ``{"launches": {kind: n}, "rows": [[dtype, piece, equal], ...]}``.
 
   PYTHONPATH=.envs/triton-3.6.0:. TRITON_INTERPRET=1 python tests/scenarios/digest_triton_run.py
@@ -53,7 +54,21 @@ def main() -> None:
         got = digest.collect(digest._triton_many(list(pieces.values()), [dtype] * len(pieces)))
         for (name, t), d in zip(pieces.items(), got):
             rows.append([str(dtype), name, d == digest.reference(t, dtype)])
-    print(json.dumps({"launches": launches, "rows": rows}))
+    counted = dict(launches)
+    # the launch tables are cached by the pieces' addresses and sizes: the same pieces again after a
+    # change of BLOCK_ROWS, and after an element changed in place (same address), must not reuse stale ones
+    same = [pieces[n] for n in ("fp32 2d", "fp32 ragged", "fp32 tiny", "bf16")]  # no copies: the same addresses
+    digest.collect(digest._triton_many(same, [torch.bfloat16] * len(same)))  # tables for BLOCK_ROWS 2 cached
+    digest.BLOCK_ROWS = 4
+    got = digest.collect(digest._triton_many(same, [torch.bfloat16] * len(same)))
+    rows.append(["cached plan", "BLOCK_ROWS changed", all(d == digest.reference(t, torch.bfloat16)
+                                                         for t, d in zip(same, got))])
+    before = got[0]
+    pieces["fp32 2d"][17, 5] += 1.0
+    got = digest.collect(digest._triton_many(same, [torch.bfloat16] * len(same)))
+    rows.append(["cached plan", "changed in place", got[0] != before
+                 and got[0] == digest.reference(pieces["fp32 2d"], torch.bfloat16)])
+    print(json.dumps({"launches": counted, "rows": rows}))
 
 
 if __name__ == "__main__":

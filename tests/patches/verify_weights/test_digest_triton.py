@@ -20,6 +20,6 @@ def test_triton_route_equals_the_definition_in_one_launch_per_kind():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     wrong = [r for r in out["rows"] if not r[2]]
     assert not wrong, wrong
-    assert len(out["rows"]) == 18
+    assert len(out["rows"]) == 20
     # per dtype: one launch for the 2-byte pieces and one for the float32 ones (CAST 0, and 1 or 2)
     assert out["launches"] == {"0": 2, "1": 1, "2": 1}, out["launches"]
