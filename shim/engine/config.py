@@ -119,15 +119,14 @@ def debug() -> bool:
 
 
 VERIFY_OFF, VERIFY_SAMPLE, VERIFY_EXACT = "", "sample", "exact"
-VERIFY_DEFAULT = VERIFY_SAMPLE
-"""What ``SHIM_VERIFY_WEIGHTS=1`` means. Sample: measured on an H200 (2026-12-01, TRL 1.9.2 GRPO, 1.06 B
-model; bench/results/gpu_verify_weights.json) the exact check costs 134 ms (10.9% of a step, 88x the
-floor of reading both copies once), the rotating sample 9.2 ms (1.0%). Exact becomes the default once
-bench/gpu_verify_weights.py shows it under 1% of a step (tests/gpu/test_verify_weights.py)."""
+VERIFY_DEFAULT = VERIFY_EXACT
+"""What ``SHIM_VERIFY_WEIGHTS=1`` means. Exact: every mapped tensor at every check, since the batched
+Triton digest made it cheap (docs/evidence.md, "weight verification"; tests/gpu/test_verify_weights.py
+holds the goal: under 1% of a GRPO step and within 5x of the floor of reading both copies once)."""
 
 
 def verify_weights() -> str:
-    """``""`` (off), ``"sample"`` (the default: ``1``) or ``"exact"`` from SHIM_VERIFY_WEIGHTS."""
+    """``""`` (off), ``"exact"`` (the default: ``1``) or ``"sample"`` from SHIM_VERIFY_WEIGHTS."""
     raw = os.environ.get(SHIM_VERIFY_WEIGHTS, "")
     value = raw.strip().lower()
     if value in _FALSE:

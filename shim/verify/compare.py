@@ -18,12 +18,32 @@ verifies the same tensors at the same generate); FSDP2 ``DTensor`` parameters th
 """
 from __future__ import annotations
 
+import weakref
+
 from shim.verify import digest, layout
 
 TENSORS = 8
 """Tensors compared per check in ``sample`` mode."""
 ELEMENTS = 1 << 16
 """Elements compared per tensor in ``sample`` mode (whole leading-dimension rows, at least one)."""
+
+
+class Views:
+    """Views of tensors kept from one check to the next (a check has hundreds of pieces; a ``narrow``
+    per piece costs more than the digest kernel's share): one is made again when its tensor is no longer
+    the object, address, shape and dtype it was made from (a parameter replaced or re-pointed)."""
+
+    def __init__(self):
+        self._kept: dict = {}
+
+    def get(self, key, tensor, make):
+        sig = (id(tensor), tensor.data_ptr(), tensor.shape, tensor.dtype)
+        got = self._kept.get(key)
+        if got is not None and got[0] == sig:
+            return got[1]
+        view = make()
+        self._kept[key] = (sig, view)
+        return view
 
 
 def rows(view, elements: int, phase: int):
@@ -69,20 +89,27 @@ def fingerprint(model, request: dict) -> dict:
     """Run on one worker: ``request = {"describe": bool, "names": [...], "sample": None or
     [elements, phase]}``.
 
-    ``describe``: this worker's :func:`shim.verify.layout.describe`; ``digests``: for each
-    name, one digest per layout piece (lists of ints)."""
-    out = {"rank": layout.tp_rank(model)}
-    desc = layout.describe(model) if request.get("describe") or request.get("names") else None
+    ``describe``: this worker's :func:`shim.verify.layout.describe` (made afresh); ``digests``: for
+    each name, one digest per layout piece (lists of ints)."""
+    names = request.get("names") or []
+    desc, params = described(model, fresh=bool(request.get("describe")))
+    out = {"rank": desc["rank"]}
     if request.get("describe"):
         out["describe"] = desc
-    names = request.get("names") or []
     if not names:
         return out
-    params = dict(model.named_parameters())
     spec = request.get("sample")
+    kept = _engine_views.get(model) if not request.get("describe") else None
+    if kept is None:
+        kept = Views()
+        try:
+            _engine_views[model] = kept
+        except TypeError:
+            pass
     views, owners = [], []
     for name in names:
-        pieces = layout.engine_views(params[name], desc["params"][name]["layout"])
+        p, lay = params[name], desc["params"][name]["layout"]
+        pieces = kept.get(name, p, lambda p=p, lay=lay: layout.engine_views(p, lay))
         views.extend(rows(v, *spec) if spec else v for v in pieces)
         owners.append(len(pieces))
     flat = digest.digests(views)
@@ -91,6 +118,44 @@ def fingerprint(model, request: dict) -> dict:
         out["digests"].append(flat[pos:pos + n])
         pos += n
     return out
+
+
+_described = weakref.WeakKeyDictionary()  # engine model -> (describe(), [(name, module ref, leaf, param ref, shape, dtype)])
+_engine_views = weakref.WeakKeyDictionary()  # engine model -> Views of its pieces
+
+
+def described(model, fresh: bool = False) -> "tuple[dict, dict]":
+    """``(layout.describe(model), {name: parameter})`` of an engine model, kept from one check to the
+    next while every parameter is still the object, shape and dtype it was described with (vLLM loads
+    pushed and reloaded weights into the same tensors). A parameter replaced (``module.weight = ...``)
+    or re-pointed (``param.data = ...`` of another shape or dtype) makes a new description. Only weak
+    references are kept: a replaced parameter or a finished engine frees its memory as before."""
+    got = None if fresh else _described.get(model)
+    if got is not None:
+        desc, slots = got
+        params = {}
+        for name, mref, leaf, pref, shape, dtype in slots:
+            mod, p = mref(), pref()
+            if p is None or mod is None or mod._parameters.get(leaf) is not p or p.shape != shape or p.dtype != dtype:
+                break
+            params[name] = p
+        else:
+            return desc, params
+    desc = layout.describe(model)
+    slots, params, seen = [], {}, set()
+    for prefix, mod in model.named_modules():  # named_parameters()'s names and order (a tied parameter once)
+        for leaf, p in mod._parameters.items():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            name = f"{prefix}.{leaf}" if prefix else leaf
+            params[name] = p
+            slots.append((name, weakref.ref(mod), leaf, weakref.ref(p), p.shape, p.dtype))
+    try:
+        _described[model] = (desc, slots)
+    except TypeError:  # not weak-referenceable: described at every check
+        pass
+    return desc, params
 
 
 # ---------------------------------------------------------------------------
@@ -127,29 +192,53 @@ class Gathered:
         return False
 
 
-def trainer_digests(desc: dict, names: list, params: dict, spec=None) -> list:
+def _sharded(t) -> bool:
+    return hasattr(t, "ds_id") or callable(getattr(t, "full_tensor", None))
+
+
+def trainer_digests(desc: dict, names: list, params: dict, spec=None, kept: "Views | None" = None) -> list:
     """What :func:`fingerprint` must return for ``names`` (and the ``sample`` request ``spec``)
     on the worker ``desc`` describes, computed from the trainer's tensors (one digest per
-    piece, per name; the trainer tensors of one name gathered at a time)."""
-    parts, owners, views, dtypes = [], [], [], []
-    for name in names:
-        d = desc["params"][name]
-        lay, dtype = d["layout"], _dtype(d["dtype"])
-        gathered = Gathered(params, [piece[0] for piece in lay["pieces"]])
-        with gathered as tensors:
-            for piece in lay["pieces"]:
-                t = tensors[piece[0]]
-                if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
-                    raise LookupError(f"{piece[0]}: trainer shape {list(t.shape)} does not hold rows "
-                                      f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
-                view = layout.trainer_view(t, lay, piece)
-                views.append(rows(view, *spec) if spec else view)
-                dtypes.append(dtype)
-            if gathered.sharded:  # gathered tensors are freed on exit: digest them first
-                parts += digest.partials_many(views, dtypes)
-                views, dtypes = [], []
-        owners.append(len(lay["pieces"]))
-    parts += digest.partials_many(views, dtypes)  # all unsharded pieces together (one launch per kind)
+    piece, per name; the ZeRO-3 / FSDP2 tensors of one name gathered at a time, the others read
+    as they are, their views kept in ``kept`` from one check to the next)."""
+    import torch
+
+    parts, owners, views, dtypes, kinds = [], [], [], [], {}
+    with torch.no_grad():
+        for name in names:
+            d = desc["params"][name]
+            lay = d["layout"]
+            dtype = kinds.get(d["dtype"])
+            if dtype is None:
+                dtype = kinds[d["dtype"]] = _dtype(d["dtype"])
+            pieces = lay["pieces"]
+            gathered = None
+            if any(_sharded(params[piece[0]]) for piece in pieces):
+                gathered = Gathered(params, [piece[0] for piece in pieces])
+                tensors = gathered.__enter__()
+            else:
+                tensors = params
+            try:
+                for k, piece in enumerate(pieces):
+                    t = tensors[piece[0]]
+                    if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
+                        raise LookupError(f"{piece[0]}: trainer shape {list(t.shape)} does not hold rows "
+                                          f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
+                    if kept is None or gathered is not None:
+                        view = layout.trainer_view(t, lay, piece)
+                    else:
+                        view = kept.get((desc.get("rank"), name, k), t,
+                                        lambda t=t, piece=piece: layout.trainer_view(t, lay, piece))
+                    views.append(rows(view, *spec) if spec else view)
+                    dtypes.append(dtype)
+                if gathered is not None and gathered.sharded:  # gathered tensors are freed on exit: digest them first
+                    parts += digest.partials_many(views, dtypes)
+                    views, dtypes = [], []
+            finally:
+                if gathered is not None:
+                    gathered.__exit__(None, None, None)
+            owners.append(len(pieces))
+        parts += digest.partials_many(views, dtypes)  # all unsharded pieces together (one launch per kind)
     flat = digest.collect(parts)
     out, pos = [], 0
     for n in owners:
@@ -158,14 +247,14 @@ def trainer_digests(desc: dict, names: list, params: dict, spec=None) -> list:
     return out
 
 
-def compare(results: list, descs: dict, names: list, params: dict, spec=None) -> list:
+def compare(results: list, descs: dict, names: list, params: dict, spec=None, kept: "Views | None" = None) -> list:
     """Tensors (``"name (tp rank r)"``) whose digests differ from the trainer's, on every worker
     (``spec``: the ``sample`` request the workers were given)."""
     differ = []
     for r in results:
         rank = r["rank"]
         tag = f" (tp rank {rank})" if len(results) > 1 or rank else ""
-        want = trainer_digests(descs[rank], names, params, spec)
+        want = trainer_digests(descs[rank], names, params, spec, kept)
         got = r.get("digests") or []
         if len(got) != len(want):
             differ.extend(n + tag for n in names)

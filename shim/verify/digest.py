@@ -186,41 +186,44 @@ def _triton_kernel():
     return _kernel
 
 
-def _triton_source(t, dtype):
+def _triton_source(t, dtype, devices: tuple):
     """``(flat source, CAST)`` for the kernel, or None where the ``torch`` route must do it (not a
-    CUDA tensor, not a 2-byte target, not a 2- or 4-byte float source). A contiguous source that is
-    float32 or already ``dtype`` is the tensor itself (the kernel reads its words: no op per piece)."""
-    if (t.device.type not in TRITON_DEVICES or dtype.itemsize != 2 or t.dtype.itemsize not in (2, 4)
-            or not t.is_floating_point()):
+    tensor of ``devices`` (CUDA), not a 2-byte target, not a 2- or 4-byte float source). A contiguous
+    source that is float32 or already ``dtype`` is the tensor itself (the kernel reads its words)."""
+    cuda, cpu = devices
+    source = t.dtype
+    size = source.itemsize
+    if not ((cuda and t.is_cuda) or (cpu and t.is_cpu)) or dtype.itemsize != 2 or size not in (2, 4) \
+            or not source.is_floating_point:
         return None
-    import torch
-
-    if t.dtype.itemsize == 2 and t.dtype != dtype:
-        t = t.to(dtype)
-    elif not t.is_contiguous():
+    if size == 2 and source != dtype:
+        return t.to(dtype), 0
+    if not t.is_contiguous():
         t = t.contiguous()
-    return t, 0 if t.dtype.itemsize == 2 else 1 if dtype == torch.bfloat16 else 2
+    return t, 0 if size == 2 else 1 if dtype == _BF16[0] else 2
 
 
+_BF16: list = []  # [torch.bfloat16], set at the first call (no torch import at module import)
 _plans: dict = {}   # (device, CAST, BLOCK_ROWS, (data_ptr, numel) of each member) -> launch tables (last few calls)
 PLANS = 8
 """Launch tables kept (a check's pieces sit at the same addresses from one check to the next)."""
 
 
 def _plan(device, cast: int, members: list):
-    """``(table [3, n], program -> piece, program -> first row, programs)`` for one launch, cached."""
+    """``(table [3, n], program -> piece, program -> first row, programs, rows)`` for one launch of
+    ``members`` (``(data_ptr, numel)`` of each source), cached."""
     import torch
 
-    key = (str(device), cast, BLOCK_ROWS, tuple((src.data_ptr(), src.numel()) for _, src in members))
+    key = (str(device), cast, BLOCK_ROWS, tuple(members))
     with _lock:
         got = _plans.get(key)
         if got is not None:
             _plans[key] = _plans.pop(key)  # most recently used last
             return got
-    nels = [n for _, n in key[3]]
+    nels = [n for _, n in members]
     blocks = [-(-max(1, n) // (BLOCK_ROWS * K)) for n in nels]
     total = sum(blocks)
-    host = torch.tensor([[p for p, _ in key[3]], nels, blocks], dtype=torch.int64)
+    host = torch.tensor([[p for p, _ in members], nels, blocks], dtype=torch.int64)
     table = host.to(device)
     bpiece = torch.repeat_interleave(torch.arange(len(members), device=device), table[2], output_size=total)
     starts = torch.cumsum(table[2], 0) - table[2]
@@ -241,25 +244,34 @@ def _triton_many(pieces, dtypes) -> list:
     hundreds of pieces: a torch op per piece would cost more than the kernel)."""
     import torch
 
+    if not _BF16:
+        _BF16.append(torch.bfloat16)
+    devices = ("cuda" in TRITON_DEVICES, "cpu" in TRITON_DEVICES)
     out = [None] * len(pieces)
-    groups: dict = {}
-    keep = []  # the flat sources (copies where a piece was not contiguous) until the launches are queued
+    groups: dict = {}  # (device index, CAST) -> (first source, [piece index], [(data_ptr, numel)])
+    keep = []  # the sources (copies where a piece was not contiguous) until the launches are queued
     for i, (t, d) in enumerate(zip(pieces, dtypes)):
-        got = _triton_source(t, d)
+        got = _triton_source(t, d, devices)
         if got is None:
             out[i] = Rows(_torch_partials(_prepared(t), d))
             continue
         src, cast = got
         keep.append(src)
-        groups.setdefault((src.device, cast), []).append((i, src))
-    for (device, cast), members in groups.items():
+        key = (src.get_device(), cast)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = (src, [], [])
+        group[1].append(i)
+        group[2].append((src.data_ptr(), src.numel()))
+    for (_, cast), (first, index, members) in groups.items():
+        device = first.device
         table, bpiece, brow, total, rows = _plan(device, cast, members)
         p, q = tables(device, rows)
         partial = torch.empty(total, COLS, dtype=torch.int64, device=device)
         _triton_kernel()[(total,)](table[0], table[1], bpiece, brow, p, q, partial, KW=K, BR=BLOCK_ROWS, NC=COLS,
                                    CAST=cast)
         sums = torch.zeros(len(members), COLS, dtype=torch.int64, device=device).index_add_(0, bpiece, partial)
-        for row, (i, _) in enumerate(members):
+        for row, i in enumerate(index):
             out[i] = Rows(sums, row, row + 1)
     del keep
     return out
@@ -324,7 +336,10 @@ def partials_many(pieces, dtypes=None) -> list:
     dtypes = [d or t.dtype for t, d in zip(pieces, dtypes or [None] * len(pieces))]
     if not pieces:
         return []
-    names = {route(device) for device in {t.device for t in pieces}}
+    if all(t.is_cuda for t in pieces):  # the usual call: one route lookup, no device object per piece
+        names = {route("cuda")}
+    else:
+        names = {route(device) for device in {t.device for t in pieces}}
     with torch.no_grad():
         if names == {"torch"}:
             return _torch_many(pieces, dtypes)
@@ -348,8 +363,11 @@ def collect(parts: list) -> list:
     import torch
 
     tables: dict = {}  # id(table) -> table, in first-seen order
+    last = None
     for p in parts:
-        tables.setdefault(id(p.table), p.table)
+        if p.table is not last:  # the pieces of one launch share one table: look it up once per run
+            last = p.table
+            tables.setdefault(id(last), last)
     by_device: dict = {}
     for key, table in tables.items():
         by_device.setdefault(str(table.device), []).append(key)
@@ -358,13 +376,17 @@ def collect(parts: list) -> list:
         host = torch.cat([tables[k] for k in keys]).cpu().tolist()
         pos = 0
         for k in keys:
-            at[k] = pos
+            at[k] = (host, pos)
             pos += tables[k].shape[0]
-        for k in keys:
-            at[k] = (host, at[k])
     out = []
+    last = None
     for p in parts:
-        host, base = at[id(p.table)]
+        if p.table is not last:
+            last = p.table
+            host, base = at[id(last)]
+        if p.stop - p.start == 1:  # one row (a triton launch's per-piece sums): int64 already, wrapped
+            out.append(host[base + p.start])
+            continue
         rows = host[base + p.start:base + p.stop]
         out.append([wrap(sum(r[c] for r in rows)) for c in range(COLS)])
     return out

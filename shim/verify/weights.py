@@ -201,6 +201,7 @@ class Target:
         self.generates = 0
         self.stale = 0
         self.params = None         # the trainer's parameters by pushed name
+        self.views = None          # compare.Views of the trainer's pieces (made again when described again)
 
     def model(self):
         return self.model_ref() if self.model_ref is not None else None
@@ -370,7 +371,7 @@ def _verify(llm, target: Target, mode: str) -> "list | None":
     spec = None if exact else compare.sample(target.checks, len(target.mapped))
     target.checks += 1
     results = transport.run_on_workers(llm, {"names": names, "sample": spec})
-    return compare.compare(results, target.descs, names, target.params, spec)
+    return compare.compare(results, target.descs, names, target.params, spec, target.views)
 
 
 def _prepare(llm, target: Target, model, mode: str) -> bool:
@@ -389,6 +390,7 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
         ok, _ = layout.mapped(desc, params)
         good = [n for n in good if n in set(ok)]
     target.mode, target.params, target.mapped, target.checks = mode, params, good, 0
+    target.views = compare.Views()
     _note_bytes(target.descs, good, params)
     total = len(first["params"])
     if not good:
