@@ -10,13 +10,14 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from tests.support.helpers import REPO, clean_env, last_json, run_python
 from tests.support.vllm_scenario import FAKEVLLM, PRELUDE, VALUE, GiB, scenario  # noqa: F401
 
-CHILDREN = REPO / "tests" / "patches" / "vllm_sleep_guard" / "children"
+CHILDREN = Path(__file__).parent / "children"
 ROUTE = CHILDREN / "route.py"  # each body runs after tests/support/children/vllm_scenario_prelude.py
 BUILD_ENV = CHILDREN / "build_env.py"
 CYCLE = CHILDREN / "cycle.py"
