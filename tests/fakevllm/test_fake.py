@@ -8,11 +8,16 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
+CHILDREN = Path(HERE) / "children"  # each a body that runs after children/prelude.py
+PRELUDE = (CHILDREN / "prelude.py").read_text()
+MOE = CHILDREN / "moe.py"
+MLA_BODY = CHILDREN / "mla.py"
 
 
 @pytest.fixture(scope="session")
@@ -23,37 +28,17 @@ def model_dir(tmp_path_factory):
     return tiny.make_tiny_model(str(d / "m"), seed=0)
 
 
-PRELUDE = """
-import json, os, sys, torch
-import vllm
-from vllm import LLM, SamplingParams
-from vllm._fake import EVENTS, fingerprint
-dev = vllm._fake.device.DEVICE
-mem = torch.npu if vllm._fake.DEVICE_TYPE == "npu" else torch.cuda
-MODEL = sys.argv[1]
-def new_llm(**kw):
-    kw.setdefault("enable_sleep_mode", True)
-    kw.setdefault("gpu_memory_utilization", 0.5)
-    kw.setdefault("distributed_executor_backend", "external_launcher")
-    return LLM(model=MODEL, **kw)
-def wfp(llm):
-    return llm.llm_engine.model_executor.driver_worker.model_runner.weights_fp()
-def model(llm):
-    return llm.llm_engine.model_executor.driver_worker.model_runner.model
-SP = SamplingParams(max_tokens=6, temperature=0.0)
-PROMPT = [{"prompt_token_ids": [3, 10, 11, 12]}]
-def toks(llm):
-    return llm.generate(PROMPT, SP, use_tqdm=False)[0].outputs[0].token_ids
-RESULT = {}
-"""
-
-
-def run(model_dir, body: str, env: dict | None = None, expect_rc: int = 0) -> dict:
+def run(model_dir, body, env: dict | None = None, expect_rc: int = 0) -> dict:
+    """RESULT of ``PRELUDE`` + ``body``: a child file, several in order (a tuple), or an inline snippet."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEVLLM_", "PYTORCH_"))}
     e["PYTHONPATH"] = os.pathsep.join([HERE, e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     e["VLLM_LOGGING_LEVEL"] = "ERROR"
     e.update(env or {})
-    code = PRELUDE + textwrap.dedent(body) + "\nprint('RESULT=' + json.dumps(RESULT))\n"
+    if isinstance(body, str):
+        body = textwrap.dedent(body)
+    else:
+        body = "".join(Path(part).read_text() for part in ((body,) if isinstance(body, Path) else body))
+    code = PRELUDE + body + "\nprint('RESULT=' + json.dumps(RESULT))\n"
     p = subprocess.run([sys.executable, "-c", code, model_dir], env=e, capture_output=True, text=True,
                        timeout=300, cwd=os.path.dirname(model_dir))
     assert p.returncode == expect_rc, p.stdout[-3000:] + p.stderr[-3000:]
@@ -253,22 +238,9 @@ def test_npu_env_assert(model_dir):
                                     "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}, expect_rc=1)
 
 
-SLEEP_FREED = """
-    SETUP
-    mem.mem_get_info()            # first device use: allocator parses its env var
-    AFTER
-    llm = new_llm()
-    f0 = mem.mem_get_info()[0]
-    llm.sleep(level=1)
-    RESULT["freed_gib"] = (mem.mem_get_info()[0] - f0) / 2**30
-    RESULT["pool"] = llm.llm_engine.model_executor.driver_worker._allocator().get_current_usage()
-    RESULT["expandable"] = dev.expandable_segments
-"""
-
-
 def _freed(model_dir, env, setup="", after=""):
-    body = SLEEP_FREED.replace("SETUP", setup).replace("AFTER", after)
-    return run(model_dir, body, env=env)
+    """children/sleep_freed.py, ``setup`` before the first device use and ``after`` after it (one-liners)."""
+    return run(model_dir, CHILDREN / "sleep_freed.py", env={**env, "TEST_SETUP": setup, "TEST_AFTER": after})
 
 
 @pytest.mark.parametrize("case,env,setup,after,bypass", [
@@ -378,27 +350,6 @@ def moe_dir(tmp_path_factory):
     return tiny.make_tiny_moe_model(str(d / "m"), seed=0)
 
 
-MOE = """
-from transformers import AutoModelForCausalLM
-llm = new_llm()
-m = model(llm)
-RESULT["params"] = {n: list(p.shape) for n, p in m.named_parameters() if "experts" in n and "layers.0." in n}
-RESULT["loader"] = all(hasattr(p, "weight_loader") for n, p in m.named_parameters() if "experts" in n)
-RESULT["tokens"] = list(toks(llm))
-hf = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
-RESULT["hf"] = hf.generate(torch.tensor([PROMPT[0]["prompt_token_ids"]]), max_new_tokens=6, do_sample=False)[0, 4:].tolist()
-with torch.no_grad():  # a trainer's update and its push (qwen3_moe load_weights: the experts' weight_loader)
-    for p in hf.parameters():
-        p.add_(0.1)
-try:
-    m.load_weights(list(hf.named_parameters()))
-    RESULT["pushed"] = list(toks(llm)) == hf.generate(torch.tensor([PROMPT[0]["prompt_token_ids"]]),
-                                                       max_new_tokens=6, do_sample=False)[0, 4:].tolist()
-except Exception as exc:
-    RESULT["push_error"] = f"{type(exc).__name__}: {exc}"
-"""
-
-
 @pytest.mark.parametrize("device,ascend", [("cuda", ""), ("npu", "0.23.0"), ("npu", "0.26.0rc1")])
 def test_moe_fused_experts(moe_dir, device, ascend):
     """vLLM's fused experts (w13_weight [E, 2I, H], w2_weight [E, H, I]) compute what transformers' experts
@@ -432,33 +383,6 @@ def make_site_dir(tmp_path, version: str) -> str:
     return make_site.make_site(str(tmp_path / f"s{version}"), version=version)
 
 
-MLA_BODY = """
-llm = new_llm()
-runner = llm.llm_engine.model_executor.driver_worker.model_runner
-mla = runner.mla_layers[0]
-holder = mla.impl if mla.impl is not None else mla
-RESULT["n_mla"] = len(runner.mla_layers)
-RESULT["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
-pool = {a.ptr for a in dev.allocations.values() if a.pool is not None}
-RESULT["derived_in_pool"] = holder.W_UV.untyped_storage().data_ptr() in pool
-before = toks(llm)
-torch.manual_seed(1)
-new = [(n, p.detach() + 0.3 * torch.randn_like(p)) for n, p in model(llm).named_parameters()]
-for n, t in new:
-    model(llm).load_weights([(n, t)])
-raw = toks(llm)
-RESULT["raw_derived_follow"] = bool(torch.equal(mla.absorbed_weight(), mla.kv_b_proj.weight))
-if vllm._fake.V >= vllm._fake.Version("0.16.0"):
-    runner.reload_weights(weights_iterator=iter(new))
-    RESULT["reload_derived_follow"] = bool(torch.equal(mla.absorbed_weight(), mla.kv_b_proj.weight))
-    pool = {a.ptr for a in dev.allocations.values() if a.pool is not None}
-    RESULT["reload_derived_in_pool"] = holder.W_UV.untyped_storage().data_ptr() in pool
-    RESULT["reloaded"] = toks(llm)
-RESULT["raw"] = raw
-RESULT["before"] = before
-"""
-
-
 def test_mla_unquantized_derives_views(mla_dir):
     """vLLM 0.24 ``get_and_maybe_dequant_weights``: the weight itself -> W_UV a view; a raw push is seen."""
     r = run(mla_dir, MLA_BODY)
@@ -479,32 +403,14 @@ def test_mla_quantized_derives_copies_in_the_pool(mla_dir):
 def test_mla_below_016_impl_and_no_layerwise(mla_dir, tmp_path):
     """<= 0.15: the matrices on ``layer.impl``; no ``model_loader.reload`` module."""
     site = make_site_dir(tmp_path, "0.15.1")
-    body = MLA_BODY + """
-try:
-    import vllm.model_executor.model_loader.reload
-    RESULT["reload_module"] = True
-except ModuleNotFoundError:
-    RESULT["reload_module"] = False
-RESULT["on_impl"] = mla.impl is not None and "W_UV" in vars(mla.impl) and "W_UV" not in vars(mla)
-"""
-    r = run(mla_dir, body, env={"FAKEVLLM_QUANTIZATION": "fp8", "FAKEVLLM_VERSION": "0.15.1",
-                                "PYTHONPATH": site})
+    r = run(mla_dir, (MLA_BODY, CHILDREN / "mla_impl.py"),
+            env={"FAKEVLLM_QUANTIZATION": "fp8", "FAKEVLLM_VERSION": "0.15.1",
+                 "PYTHONPATH": site})
     assert r["reload_module"] is False and r["on_impl"] is True and r["raw_derived_follow"] is False
 
 
 def test_layerwise_reload_per_tensor_corrupts_split_layers(mla_dir):
     """One reload per tensor finalizes a layer loaded in part: the elements not loaded are garbage
     (SkyRL#1680 / #1737: vLLM materialises the layer with torch.empty)."""
-    body = """
-llm = new_llm()
-runner = llm.llm_engine.model_executor.driver_worker.model_runner
-params = [(n, p.detach().clone()) for n, p in model(llm).named_parameters()]
-before = toks(llm)
-runner.reload_weights(weights_iterator=iter(params))
-RESULT["one_reload"] = toks(llm) == before
-for n, t in params:
-    runner.reload_weights(weights_iterator=iter([(n, t)]))
-RESULT["per_tensor"] = toks(llm) == before
-"""
-    r = run(mla_dir, body)
+    r = run(mla_dir, CHILDREN / "layerwise_per_tensor.py")
     assert r["one_reload"] is True and r["per_tensor"] is False

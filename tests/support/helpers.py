@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,22 +39,33 @@ def clean_env(**extra: str) -> dict:
 
 
 def run_python(code: str, path: list | tuple = (), env: dict | None = None, args: list | tuple = (),
-               timeout: int = 600, check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess:
+               timeout: int = 600, check: bool = True, fresh: bool = False,
+               argv: list | tuple = ()) -> subprocess.CompletedProcess:
     """Run ``code`` in a new interpreter with ``path`` first on PYTHONPATH (then the repo): a warm one
     (``tests/support/warm.py``: torch and a few more already imported), or with ``fresh`` a cold one (a
-    test of what an import pulls in)."""
+    test of what an import pulls in). ``args`` are interpreter options (before ``-c``), ``argv`` the
+    program's own arguments (``sys.argv[1:]``), e.g. the text of a child file and its parameters:
+    ``run_python(CHILD.read_text(), argv=[json.dumps(spec)])``."""
     env = clean_env() if env is None else dict(env)
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in path] + [str(REPO)])
     from tests.support import warm
 
     if fresh:
-        proc = subprocess.run([sys.executable, *args, "-c", code], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, *args, "-c", code, *argv], env=env, capture_output=True, text=True,
                               timeout=timeout, cwd=str(REPO))
     else:
-        proc = warm.run(sys.executable, [*args, "-c", code], env, str(REPO), timeout)
+        proc = warm.run(sys.executable, [*args, "-c", code, *argv], env, str(REPO), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return proc
+
+
+def child_text(body) -> str:
+    """The text of a child program's part: a child file (a ``Path``), several in order (a tuple of them: a
+    shared part first), or an inline snippet (a ``str``, dedented)."""
+    if isinstance(body, str):
+        return textwrap.dedent(body)
+    return "".join(Path(part).read_text() for part in ((body,) if isinstance(body, Path) else body))
 
 
 def last_json(proc: subprocess.CompletedProcess):

@@ -10,34 +10,13 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import textwrap
 
-from tests.support.helpers import REPO, clean_env, last_json, run_python, stand_in_site_dir
+from tests.support.helpers import REPO, child_text, clean_env, last_json, run_python, stand_in_site_dir
 
 FAKEVLLM = REPO / "tests" / "fakevllm"
 
-PRELUDE = """
-import json, os, sys
-if os.environ.get("TEST_SHIM") == "1":
-    import shim.auto
-import torch, vllm
-from vllm import LLM, SamplingParams
-dev = vllm._fake.device.DEVICE
-MODEL = os.environ["TEST_MODEL"]
-R = {}
-def new_llm(**kw):
-    kw.setdefault("enable_sleep_mode", True)
-    kw.setdefault("gpu_memory_utilization", 0.3)
-    kw.setdefault("distributed_executor_backend", "external_launcher")
-    return LLM(model=MODEL, **kw)
-def runner(llm):
-    return llm.llm_engine.model_executor.driver_worker.model_runner
-def events(name):
-    return [e for e in vllm._fake.EVENTS if e["event"] == name]
-SP = SamplingParams(max_tokens=4, temperature=0.0)
-def gen(llm, ids=(3, 10, 11, 12)):
-    return list(llm.generate([{"prompt_token_ids": list(ids)}], SP, use_tqdm=False)[0].outputs[0].token_ids)
-"""
+PRELUDE = (REPO / "tests" / "support" / "children" / "stand_in_prelude.py").read_text()
+"""An engine factory and stand-in readings (``new_llm``, ``runner``, ``events``, ``gen``, ``R``): the program's start."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,9 +37,10 @@ def site(version: str = "0.24.0", device: str = "cuda", ascend: str = "") -> str
     return str(target)
 
 
-def run(model_dir, body: str, shim: bool, version: str = "0.24.0", device: str = "cuda", ascend: str = "",
+def run(model_dir, body, shim: bool, version: str = "0.24.0", device: str = "cuda", ascend: str = "",
         check: bool = True, **env):
-    """(result dict or None, process) of ``PRELUDE + body`` printing ``R`` as its last line."""
+    """(result dict or None, process) of ``PRELUDE + body`` printing ``R`` as its last line; ``body`` a child
+    file next to the test (or several, or an inline snippet: ``helpers.child_text``)."""
     base = clean_env()
     for k in list(base):
         if k.startswith(("FAKEVLLM_", "PYTORCH_")) or k in ("RANK", "LOCAL_RANK"):
@@ -70,7 +50,7 @@ def run(model_dir, body: str, shim: bool, version: str = "0.24.0", device: str =
     if ascend:
         base["FAKEVLLM_ASCEND_VERSION"] = ascend
     base.update({k: str(v) for k, v in env.items()})
-    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(R))\n"
+    code = PRELUDE + child_text(body) + "\nprint(json.dumps(R))\n"
     path = [site(version, device, ascend)]
     proc = run_python(code, path=path, env=base, check=check)
     return (last_json(proc) if proc.returncode == 0 else None), proc

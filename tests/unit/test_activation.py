@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import venv
+from pathlib import Path
 
 from tests.support.helpers import DATA, REPO, clean_env, rendezvous_port, run_python
 
@@ -136,16 +137,7 @@ def test_doctor_affected_trl_without_always_on_exits_1():
 
 def test_run_reaches_every_torchrun_rank(tmp_path):
     script = tmp_path / "rank.py"
-    script.write_text(
-        "import json, os, shim, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "t = __import__('torch').tensor([1 if shim.is_active() else 0])\n"
-        "dist.all_reduce(t)\n"
-        # one file per rank: two ranks printing to one pipe can interleave their lines
-        "open(os.path.join(os.environ['OUT_DIR'], f'rank{dist.get_rank()}.json'), 'w').write(\n"
-        "    json.dumps({'rank': dist.get_rank(), 'active': shim.is_active(), 'active_ranks': int(t)}))\n"
-        "dist.destroy_process_group()\n"
-    )
+    script.write_text((Path(__file__).parent / "children" / "rank.py").read_text())
     out_dir = tmp_path / "ranks"
     out_dir.mkdir()
     port = rendezvous_port()

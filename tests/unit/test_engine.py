@@ -1,20 +1,14 @@
 """Patch engine: lazy hooks, decisions, idempotence, rollback (each case in a fresh interpreter)."""
+from pathlib import Path
+
 import pytest
 
 from tests.support.helpers import DATA, TOY_SITE, clean_env, last_json, run_python
 
 PATH = [TOY_SITE, DATA]
 
-RESULT = """
-import json
-from shim.engine import registry
-from shim.engine.patch import PatchFailed
-from shim.engine.patcher import markers
-import toyup.core as core
-e = core.Engine()
-print(json.dumps({"out": e.generate("x"), "decisions": {k: d.text() for k, d in registry.decisions().items()},
-                  "wrapped": type(vars(core.Engine)["generate"]).__name__}))
-"""
+CHILDREN = Path(__file__).parent / "children"
+RESULT = "\n" + (CHILDREN / "engine_result.py").read_text()  # the end of every case (after its last line)
 
 
 def run(code, **env):
@@ -135,13 +129,7 @@ def test_real_registry_unknown_id_keeps_every_patch():
 
 
 def test_strict_failure_before_activation_raises_after_every_patch_is_registered():
-    code = ("import json, toyup.core, toy_patches, shim\nfrom shim.engine import registry\n"
-            "from shim.engine.patch import PatchFailed\n"
-            "try:\n    registry.activate([toy_patches.BOOM, toy_patches.OK])\nexcept PatchFailed as exc:\n"
-            "    raised = str(exc)\n"
-            "print(json.dumps({'raised': raised, 'again': registry.activate([toy_patches.BOOM, toy_patches.OK]),"
-            " 'decisions': {k: d.text() for k, d in registry.decisions().items()},"
-            " 'out': toyup.core.Engine().generate('x')}))")
+    code = (CHILDREN / "strict_failure.py").read_text()
     out = last_json(run_python(code, path=PATH, env=clean_env(SHIM_STRICT="1")))
     assert out["raised"].startswith("toy-boom: RuntimeError: boom inside the patch")
     assert out["decisions"] == {"toy-boom": "failed: RuntimeError: boom inside the patch", "toy-ok": "applied"}
@@ -157,17 +145,8 @@ def test_probe_and_apply_run_outside_the_registry_lock():
 @pytest.mark.parametrize("first", ["toy-ok", "toy-second"])
 def test_remove_from_a_stack_of_two_takes_out_only_its_own(first):
     other = {"toy-ok": "toy-second", "toy-second": "toy-ok"}[first]
-    code = ("import json, toyup.core, toy_patches\nfrom shim.engine import registry\n"
-            "from shim.engine.patcher import markers\n"
-            "registry.activate([toy_patches.OK, toy_patches.SECOND])\n"
-            "E = toyup.core.Engine\nbefore = E().generate('x')\n"
-            f"removed = registry.remove({first!r})\n"
-            "mid = {'out': E().generate('x'), 'markers': markers(vars(E)['generate'])}\n"
-            f"registry.remove({other!r})\n"
-            "print(json.dumps({'before': before, 'removed': removed, 'mid': mid, 'after': E().generate('x'),"
-            " 'plain': type(vars(E)['generate']).__name__,"
-            " 'decisions': {k: d.text() for k, d in registry.decisions().items()}}))")
-    out = last_json(run_python(code, path=PATH))
+    code = (CHILDREN / "remove_from_stack.py").read_text()
+    out = last_json(run_python(code, path=PATH, argv=[first, other]))
     assert out["before"] == "second:patched:original:x" and out["removed"] is True
     assert out["mid"]["markers"] == [other]
     assert out["mid"]["out"] == {"toy-ok": "patched:original:x", "toy-second": "second:original:x"}[other]
@@ -176,25 +155,13 @@ def test_remove_from_a_stack_of_two_takes_out_only_its_own(first):
 
 
 def test_remove_under_a_foreign_wrapper_keeps_the_foreign_one():
-    code = ("import json, wrapt, toyup.core, toy_patches\nfrom shim.engine import registry\n"
-            "from shim.engine.patcher import markers\n"
-            "registry.activate([toy_patches.OK])\nE = toyup.core.Engine\n"
-            "wrapt.wrap_function_wrapper(E, 'generate', lambda w, i, a, k: 'user:' + w(*a, **k))\n"
-            "removed = registry.remove('toy-ok')\n"
-            "print(json.dumps({'removed': removed, 'out': E().generate('x'), 'markers': markers(vars(E)['generate'])}))")
+    code = (CHILDREN / "foreign_wrapper.py").read_text()
     out = last_json(run_python(code, path=PATH))
     assert out == {"removed": True, "out": "user:original:x", "markers": []}
 
 
 def test_hooked_loader_delegates_everything_runpy_and_resources_need():
-    code = ("import json, runpy, importlib.util, toy_patches\nfrom shim.engine import registry\n"
-            "registry.activate([toy_patches.OK])\n"
-            "spec = importlib.util.find_spec('toyup.core')\n"
-            "loader = spec.loader\n"
-            "ns = runpy.run_module('toyup.core')\n"
-            "print(json.dumps({'loader': type(loader).__name__, 'package': loader.is_package('toyup.core'),"
-            " 'source': 'class Engine' in loader.get_source('toyup.core'), 'file': loader.get_filename('toyup.core').endswith('core.py'),"
-            " 'runpy': 'Engine' in ns}))")
+    code = (CHILDREN / "hooked_loader.py").read_text()
     out = last_json(run_python(code, path=PATH))
     assert out == {"loader": "_Loader", "package": False, "source": True, "file": True, "runpy": True}
 

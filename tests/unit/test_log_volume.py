@@ -8,7 +8,7 @@ INFO line (125 INFO lines over this run with main at b8c5ece).
 from __future__ import annotations
 
 import re
-import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -19,19 +19,7 @@ from tests.support.helpers import REPO, clean_env, run_python
 FAKEVLLM = REPO / "tests" / "fakevllm"
 CYCLES = 60
 
-BODY = """
-import os
-import shim.auto
-from vllm import LLM, SamplingParams
-llm = LLM(model=os.environ["TEST_MODEL"], enable_sleep_mode=True, gpu_memory_utilization=0.5,
-          distributed_executor_backend="external_launcher")
-sp = SamplingParams(max_tokens=2, temperature=0.0)
-for _ in range({cycles}):
-    llm.sleep(level=1)
-    llm.wake_up()
-    llm.generate([{{"prompt_token_ids": [3, 10, 11]}}], sp, use_tqdm=False)
-print("done")
-"""
+BODY = Path(__file__).parent / "children" / "log_volume.py"
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +30,12 @@ def model_dir(tmp_path_factory):
 
 
 def run(model_dir, cycles=CYCLES, **env):
-    base = clean_env(VLLM_LOGGING_LEVEL="ERROR", TEST_MODEL=model_dir, RANK="0", LOCAL_RANK="0", **env)
+    base = clean_env(VLLM_LOGGING_LEVEL="ERROR", TEST_MODEL=model_dir, RANK="0", LOCAL_RANK="0", TEST_CYCLES=cycles,
+                     **env)
     for k in list(base):
         if k.startswith(("FAKEVLLM_", "PYTORCH_")) and k not in env:
             del base[k]
-    proc = run_python(textwrap.dedent(BODY.format(cycles=cycles)), path=[FAKEVLLM], env=base, timeout=900)
+    proc = run_python(BODY.read_text(), path=[FAKEVLLM], env=base, timeout=900)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("[shim")]
     return lines
 

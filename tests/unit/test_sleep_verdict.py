@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -29,32 +30,10 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
 
 
-HELD = """
-import vllm.device_allocator.cumem as cumem
-from vllm.device_allocator.cumem import CuMemAllocator
-_unmap = cumem.unmap_and_release
-KEEP = set()   # labels whose pages the device keeps at a sleep ("*": every allocation)
-def unmap_and_release(handle):
-    a = dev.allocations.get(handle[2])
-    if a is not None and ("*" in KEEP or a.label in KEEP):
-        return  # the pool let go of its handle; the physical pages stay in use
-    _unmap(handle)
-cumem.unmap_and_release = unmap_and_release
-def pool_alloc(nbytes, label):
-    with CuMemAllocator.get_instance().use_memory_pool(tag="kv_cache"):
-        return dev.allocate(nbytes, label=label)
-"""
+CHILDREN = Path(__file__).parent / "children"  # vllm_scenario bodies
+HELD = CHILDREN / "held.py"  # the first part of the two below
 
-THRESHOLD_BODY = HELD + """
-llm = new_llm(gpu_memory_utilization=0.2)
-freed_share = float(os.environ["FREED_SHARE"])
-t = tracked()
-pool_alloc(int(t * (1 - freed_share) / freed_share), "held")
-KEEP.add("held")
-R["tracked"] = tracked()
-a = free(); llm.sleep(level=1); R["freed"] = free() - a
-llm.wake_up(); R["tokens"] = len(gen(llm))
-"""
+THRESHOLD_BODY = (HELD, CHILDREN / "threshold.py")
 
 
 @pytest.mark.parametrize("share", [0.4, 0.6])
@@ -75,27 +54,7 @@ def test_ineffective_threshold_is_half_of_what_the_pool_tracks(model_dir, share)
         assert f"freed {on['freed'] / GiB:.2f} GiB of {on['tracked'] / GiB:.2f} GiB tracked (60%)" in pon.stderr
 
 
-CHEAP_BODY = HELD + """
-from shim.vllm import memory
-reads = []
-_read = memory.Probe.mem_get_info
-def counted(self):
-    reads.append(1)
-    return _read(self)
-memory.Probe.mem_get_info = counted
-llm = new_llm()
-R["cycles"] = []
-FAULT_AT = int(os.environ.get("FAULT_AT", "0"))
-for i in range(1, int(os.environ["CYCLES"]) + 1):
-    if i == int(os.environ.get("GROW_AT", "0")):
-        pool_alloc(1 << 30, "grown")  # the pool tracks 1 GiB more than at the last reading
-    if i == FAULT_AT:
-        KEEP.add("*")  # from here the device keeps every page the pool releases
-    n = len(reads)
-    a = free(); llm.sleep(level=int(os.environ.get("LEVEL_AT_" + str(i), "1"))); freed = free() - a
-    llm.wake_up()
-    R["cycles"].append({"freed": freed, "reads": len(reads) - n})
-"""
+CHEAP_BODY = (HELD, CHILDREN / "cheap_path.py")
 
 
 def _sleeps(trace):

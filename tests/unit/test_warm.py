@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.support import warm
 from tests.support.helpers import REPO, clean_env
 
-PROGRAM = r"""
-import atexit, json, os, sys, threading
-atexit.register(lambda: print("atexit ran"))
-print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "var": os.environ.get("WARM_VAR"),
-                  "main": __name__, "first": sys.path[1] if len(sys.path) > 1 else None,
-                  "loaded_shim": "shim" in sys.modules}))
-print("to stderr", file=sys.stderr)
-sys.stdout.flush()
-threading.Thread(target=lambda: print("thread done"), daemon=False).start()  # joined at exit, before atexit
-code = os.environ.get("WARM_EXIT")
-if code == "raise":
-    raise ValueError("boom")
-if code == "message":
-    sys.exit("bad input")
-if code is not None:
-    sys.exit(int(code))
-"""
+PROGRAM = Path(__file__).parent / "children" / "warm_probe.py"
 
 
 def both(tmp_path, exit_with=None, argv=None):
@@ -34,7 +19,7 @@ def both(tmp_path, exit_with=None, argv=None):
     if exit_with is not None:
         env["WARM_EXIT"] = exit_with
     script = tmp_path / "prog.py"
-    script.write_text(PROGRAM)
+    script.write_text(PROGRAM.read_text())
     argv = argv or [str(script), "a1"]
     cold = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     hot = warm.run(sys.executable, argv, env, str(tmp_path), 120)

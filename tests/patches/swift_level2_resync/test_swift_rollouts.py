@@ -5,7 +5,9 @@ sampling); the trainer's weights change between steps. Shim off must show the
 release's bug (asserted), shim on must hold: at every generate the engine's
 weights equal the trainer's.
 """
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -73,21 +75,7 @@ def test_level2_lora_adapter_pushed_3_11_1():
     assert all(g["slot"] >= 0 for g in on["generates"]), on["generates"]
 
 
-PROBE_CHILD = r"""
-import json
-from shim.engine import registry
-from shim.engine.patch import Patch
-from shim.engine.patcher import MARKER
-from shim.engine.catalog import patch_module
-p = getattr(patch_module("swift_level2_resync"), {record!r})
-# the range widened to include the release: only the probe can stand the patch down now
-wide = Patch(id=p.id, issue=p.issue, distribution=p.distribution, affected={affected!r},
-                      module=p.module, apply=p.apply, probe=p.probe)
-registry.activate([wide])
-import swift.trainers.rlhf_trainer.rollout_mixin as m
-print(json.dumps({{"decision": registry.decisions()[p.id].text(),
-                  "wrapped_by": getattr(vars(m.RolloutTrainerMixin)[{method!r}], MARKER, None)}}))
-"""
+PROBE_CHILD = Path(__file__).parent / "children" / "probe_alone.py"
 
 
 def probe_alone(version: str, record: str, affected: str, method: str) -> dict:
@@ -95,7 +83,8 @@ def probe_alone(version: str, record: str, affected: str, method: str) -> dict:
     ``affected``, and the marker left on the rollout mixin's ``method``."""
     from tests.support.swift_support import run_in_swift
 
-    return run_in_swift(version, ["-c", PROBE_CHILD.format(record=record, affected=affected, method=method)])
+    spec = {"record": record, "affected": affected, "method": method}
+    return run_in_swift(version, ["-c", PROBE_CHILD.read_text(), json.dumps(spec)])
 
 
 def test_level2_lora_adapter_probe_stands_down_on_3_12():

@@ -4,33 +4,22 @@ from tests.support.contract import contract_tests
 test_contract, test_schema = contract_tests("trl_stale_weights")
 
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 from tests.support.envs import trl_path  # noqa: E402
 from tests.support.helpers import clean_env, last_json, run_python  # noqa: E402
 from tests.support.trl_support import fake_site  # noqa: E402
 
-STANDS_DOWN = r'''
-import json, sys
-from shim.engine import registry
-from shim.engine.patcher import markers
-from shim.engine import catalog
-entry = next(e for e in catalog.entries() if e.id == "trl-stale-weights")
-patch = entry.load()
-if GATE == "probe":  # the range alone would let 1.10.0 in: only the probe can stand down
-    patch.affected = ">=0.28.0"
-registry.activate([entry])
-from trl.generation import vllm_generation as m
-print(json.dumps({"decision": registry.decisions()[patch.id].text(),
-                  "markers": {n: markers(getattr(m.VLLMGeneration, n)) for n in ("generate", "sync_weights")}}))
-'''
+STANDS_DOWN = Path(__file__).parent / "children" / "stands_down.py"
 
 
 @pytest.mark.parametrize("gate", ["range", "probe"])
 def test_stands_down_on_the_fixed_release_by_behaviour(gate):
     """TRL 1.10.0 has the upstream fix: nothing of the patch is installed, whether the version range or
     (with the range widened on purpose) the probe is what stands it down."""
-    proc = run_python(f"GATE = {gate!r}\n" + STANDS_DOWN, path=[trl_path("1.10.0"), fake_site("0.24.0")],
+    proc = run_python(STANDS_DOWN.read_text(), argv=[gate], path=[trl_path("1.10.0"), fake_site("0.24.0")],
                       env=clean_env(FAKEVLLM_VERSION="0.24.0", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1"))
     out = last_json(proc)
     assert out["markers"] == {"generate": [], "sync_weights": []}, out

@@ -9,6 +9,8 @@ holds KV blocks (vLLM's ``BlockPool.reset_prefix_cache``).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.envs import trl_path
@@ -17,6 +19,9 @@ from tests.support.stand_in import run
 from tests.support.trl_support import fake_site
 
 SCENARIO = REPO / "tests" / "scenarios" / "trl_vlm_run.py"
+CHILDREN = Path(__file__).parent / "children"  # stand_in bodies
+ALWAYS_FALSE = CHILDREN / "reset_always_false.py"
+FALSE_ONCE = CHILDREN / "reset_false_once.py"
 
 
 @pytest.fixture(scope="module")
@@ -67,19 +72,6 @@ def test_sleep_mode_resets_the_caches_itself_from_vllm_0_17(model_dir):
     assert off["stale_encoder_hits"] == 0 and off["trained_weights"] is True
 
 
-ALWAYS_FALSE = """
-from vllm.v1.engine.llm_engine import LLMEngine
-LLMEngine._core_reset_prefix_cache = lambda self, reset_running_requests=False: False  # blocks never freed
-llm = new_llm(enable_sleep_mode=False)
-R["results"] = []
-try:
-    for _ in range(3):  # three pushes, each followed by the trainer's reset
-        R["results"].append(llm.reset_prefix_cache())
-except RuntimeError as exc:
-    R["raised"] = str(exc)
-"""
-
-
 def test_reset_that_keeps_failing_warns_once_strict_raises(model_dir):
     off, proc = run(model_dir, ALWAYS_FALSE, shim=False)
     assert off["results"] == [False] * 3 and "vllm#28827" not in proc.stderr  # silent
@@ -89,20 +81,6 @@ def test_reset_that_keeps_failing_warns_once_strict_raises(model_dir):
     assert "retried with the engine idle: still False" in proc.stderr
     strict, proc = run(model_dir, ALWAYS_FALSE, shim=True, SHIM_STRICT="1")
     assert "vllm#28827" in strict["raised"] and strict["results"] == []
-
-
-FALSE_ONCE = """
-from vllm.v1.engine.llm_engine import LLMEngine
-calls = []
-def once_false(self, reset_running_requests=False):  # a transient failure: nothing is in flight
-    calls.append(reset_running_requests)
-    return len(calls) > 1
-LLMEngine._core_reset_prefix_cache = once_false
-llm = new_llm(enable_sleep_mode=False)
-R["unfinished"] = llm.llm_engine.has_unfinished_requests()
-R["result"] = llm.reset_prefix_cache()
-R["calls"] = calls
-"""
 
 
 def test_reset_false_once_with_nothing_in_flight_is_retried_at_once(model_dir):

@@ -13,6 +13,7 @@ as RL users run (the real ``wake_up`` refuses the NZ format).
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -20,34 +21,7 @@ from tests.support.ascend_src import worker_source
 from tests.support.helpers import REPO
 from tests.support.stand_in import run
 
-BODY = """
-llm = new_llm()
-model = runner(llm).model
-def experts():
-    return {n: p for n, p in model.named_parameters() if n.endswith(("w13_weight", "w2_weight"))}
-slept_with = experts()
-for p in slept_with.values():
-    p.trainer_attached = True  # what a trainer hangs on them for its pushes (ms-swift, verl: a weight_loader)
-R["n_experts"] = len(slept_with)
-R["shapes"] = sorted({tuple(p.shape) for p in slept_with.values()})
-R["before"] = gen(llm)
-R["cycles"] = []
-for level, wakes in ((1, [None]), (1, [["weights"], ["kv_cache"]]), (2, [["weights"], ["kv_cache"]])):
-    llm.sleep(level=level)
-    for tags in wakes:
-        llm.wake_up(tags=tags)
-    now = experts()
-    cycle = {"level": level, "same_objects": all(now[n] is p for n, p in slept_with.items()),
-             "attributes_kept": all(getattr(p, "trainer_attached", False) for p in now.values()),
-             "shapes": sorted({tuple(p.shape) for p in now.values()})}
-    try:
-        cycle["tokens"] = gen(llm)
-    except RuntimeError as exc:
-        cycle["fault"] = str(exc)
-    R["cycles"].append(cycle)
-from shim.engine import registry
-R["decision"] = registry.decisions().get("vllm-ascend-moe-wake-layout").text() if registry.decisions() else None
-"""
+BODY = Path(__file__).parent / "children" / "moe_cycles.py"  # a stand_in body
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +32,7 @@ def moe_dir(tmp_path_factory):
 
 
 def moe_run(moe_dir, release, shim, **env):
-    body = BODY if shim else BODY.split("from shim.engine")[0]
-    return run(moe_dir, body, shim=shim, device="npu", ascend=release, FAKEVLLM_ASCEND_WORKER_SRC=worker_source(release),
+    return run(moe_dir, BODY, shim=shim, device="npu", ascend=release, FAKEVLLM_ASCEND_WORKER_SRC=worker_source(release),
                VLLM_ASCEND_ENABLE_NZ="0", **env)
 
 

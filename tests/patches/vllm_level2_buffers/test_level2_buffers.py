@@ -8,28 +8,15 @@ unmapped weight memory: CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) / the NPU MTE fa
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.stand_in import run
 
-BODY = """
-llm = new_llm()
-before = gen(llm)
-bufs = {n: b.clone() for n, b in runner(llm).model.named_buffers()}
-params = [(n, p.clone()) for n, p in runner(llm).model.named_parameters()]
-R["n_buffers"] = len(bufs)
-llm.sleep(level=2)
-try:
-    llm.wake_up(tags=["kv_cache"])
-    llm.wake_up(tags=["weights"])
-except RuntimeError as exc:
-    R["fault"] = str(exc)
-else:
-    runner(llm).model.load_weights(params)   # the trainer's push: parameters only
-    R["kept"] = all(torch.equal(b, bufs[n]) for n, b in runner(llm).model.named_buffers())
-    R["same_output"] = gen(llm) == before
-R["lost_events"] = sum(1 for e in events("buffer_restore") if e["lost"])
-"""
+CHILDREN = Path(__file__).parent / "children"  # stand_in bodies
+BODY = CHILDREN / "kv_cache_first.py"
+BOTH_TAGS = CHILDREN / "both_tags.py"
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +46,7 @@ def test_npu_kv_cache_first_wake(model_dir):
 
 
 def test_stands_down_where_vllm_gates_the_restore(model_dir):
-    body = BODY + """
-from shim.vllm import buffers
-from shim.engine import registry
-from vllm.v1.worker.gpu_worker import Worker
-R["probe"] = buffers.probe_restore(Worker)
-R["decision"] = registry.decisions()["vllm-level2-buffers"].text()
-"""
-    on, proc = run(model_dir, body, shim=True, version="0.27.0")
+    on, proc = run(model_dir, (BODY, CHILDREN / "restore_probe.py"), shim=True, version="0.27.0")
     assert on["kept"] is True  # vLLM 0.27.0 itself
     assert on["probe"] == "fixed upstream (buffer restore waits for the weights tag)"
     assert on["decision"] == "stand down: fixed upstream in 0.27.0", proc.stderr
@@ -85,20 +65,6 @@ def test_real_gold_wakes_kv_cache_first(version, tmp_path):
                 env={"SHIM_DISABLED_PATCHES": "vllm-level2-buffers"})
     result = run_trl(version, tmp_path / "on", "--trainer", "gold", "--shim", "before")
     assert len(result["generates"]) == 6 and result["mismatches"] == 0 and result["lost_writes"] == 0
-
-
-BOTH_TAGS = """
-llm = new_llm()
-before = gen(llm)
-bufs = {n: b.clone() for n, b in runner(llm).model.named_buffers()}
-params = [(n, p.clone()) for n, p in runner(llm).model.named_parameters()]
-llm.sleep(level=2)
-llm.wake_up(tags=["weights", "kv_cache"])  # both tags in one call: the weights wake restores the buffers
-runner(llm).model.load_weights(params)
-R["n_buffers"] = len(bufs)
-R["kept"] = all(torch.equal(b, bufs[n]) for n, b in runner(llm).model.named_buffers())
-R["same_output"] = gen(llm) == before
-"""
 
 
 @pytest.mark.parametrize("device", ["cuda", "npu"])

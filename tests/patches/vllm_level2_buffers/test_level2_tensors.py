@@ -10,43 +10,13 @@ weights the engine already had, so the engine must generate as before the sleep.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.support.stand_in import run
 
-BODY = """
-import logging
-lines = []
-class Collect(logging.Handler):
-    def emit(self, record):
-        lines.append(record.getMessage())
-logging.getLogger("shim").addHandler(Collect())
-llm = new_llm()
-r = runner(llm)
-mla = r.mla_layers[0]
-holder = mla.impl if mla.impl is not None else mla
-R["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
-if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.reload first (what trl-push-reprocess does)
-    from shim.vllm import reload
-    with reload.session(llm):
-        r.model.load_weights([(n, p.detach().clone()) for n, p in r.model.named_parameters()])
-before = gen(llm)
-derived = [m.absorbed_weight().clone() for m in r.mla_layers]
-params = [(n, p.detach().clone()) for n, p in r.model.named_parameters()]
-llm.sleep(level=2)
-order = os.environ.get("TEST_ORDER", "weights")
-if order == "kv_cache":
-    llm.wake_up(tags=["kv_cache"])
-llm.wake_up(tags=["weights"])
-for n, t in params:                       # the trainer's push: parameters only, raw load_weights
-    r.model.load_weights([(n, t)])
-if order == "weights":
-    llm.wake_up(tags=["kv_cache"])
-R["derived_back"] = all(torch.equal(m.absorbed_weight(), d) for m, d in zip(r.mla_layers, derived))
-R["same_output"] = gen(llm) == before
-R["kept_lines"] = [l for l in lines if "plain tensors kept" in l]
-"""
+BODY = Path(__file__).parent / "children" / "plain_tensors.py"  # a stand_in body
 
 
 @pytest.fixture(scope="module")

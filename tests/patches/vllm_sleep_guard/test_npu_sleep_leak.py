@@ -10,25 +10,16 @@ and empties the NPU cache after every sleep: the fix was already there, this pro
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.stand_in import run
 
 CYCLES = 50
 WORKSPACE_MB = 240
-BODY = f"""
-llm = new_llm()
-used = []
-for _ in range({CYCLES}):
-    llm.sleep(level=1)
-    llm.wake_up()
-    gen(llm, ids=(3, 4))
-    free, total = dev.mem_get_info()
-    used.append(total - free)
-R["growth_mb"] = (used[-1] - used[0]) / 2**20
-R["cached_mb"] = (dev.cache_bytes + dev.stranded_bytes) / 2**20
-"""
-ENV = dict(FAKEVLLM_NPU_WORKSPACE_MB=WORKSPACE_MB)
+BODY = Path(__file__).parent / "children" / "npu_cycles.py"  # a stand_in body
+ENV = dict(FAKEVLLM_NPU_WORKSPACE_MB=WORKSPACE_MB, TEST_CYCLES=CYCLES)
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,19 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
 from tests.support.helpers import REPO, clean_env, last_json, run_python
 from tests.support.vllm_scenario import FAKEVLLM, PRELUDE, VALUE, GiB, scenario  # noqa: F401
+
+CHILDREN = Path(__file__).parent / "children"
+ROUTE = CHILDREN / "route.py"  # each body runs after tests/support/children/vllm_scenario_prelude.py
+BUILD_ENV = CHILDREN / "build_env.py"
+CYCLE = CHILDREN / "cycle.py"
+WAKE = CHILDREN / "wake.py"
 
 
 @pytest.fixture(scope="session")
@@ -40,34 +46,13 @@ ROUTES = {
     "cuda-modern-PYTORCH_ALLOC_CONF": ({"FAKEVLLM_TORCH": "modern", "PYTORCH_ALLOC_CONF": VALUE}, "full"),
 }
 
-ROUTE_BODY = """
-VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
-if os.environ.get("LIVE"):
-    mem.memory._set_allocator_settings(VALUE)
-f0 = free()
-try:
-    llm = new_llm()
-except AssertionError as e:
-    R["error"] = str(e)
-else:
-    R["engine"] = f0 - free()
-    R["tracked"] = tracked()
-    a = free(); llm.sleep(level=1); R["freed"] = free() - a
-    llm.wake_up(tags=["weights"]); llm.wake_up(tags=["kv_cache"])
-    R["tokens"] = len(gen(llm))
-    a = free(); llm.sleep(level=1); R["freed2"] = free() - a
-    llm.wake_up()
-R["env"] = {k: os.environ.get(k) for k in VARS}
-R["live"] = dev.expandable_segments
-"""
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_issue_6636_every_route(model_dir, route):
     env, without = ROUTES[route]
-    body = f"VALUE = {VALUE!r}\n" + ROUTE_BODY
-    off, _ = scenario(model_dir, body, shim=False, **env)
-    on, proc = scenario(model_dir, body, shim=True, **env)
+    off, _ = scenario(model_dir, ROUTE, shim=False, TEST_VALUE=VALUE, **env)
+    on, proc = scenario(model_dir, ROUTE, shim=True, TEST_VALUE=VALUE, **env)
     user_env = {k: env.get(k) for k in on["env"]}
 
     # shim off: the stand-in's real behaviour for this route
@@ -98,22 +83,6 @@ def test_issue_6636_every_route(model_dir, route):
     assert "sleep summary rank 0: 2 sleeps, 0 ineffective" in proc.stderr
 
 
-BUILD_ENV_BODY = """
-import subprocess
-from vllm.v1.worker.gpu_worker import Worker
-VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
-_load = Worker.load_model
-def load_model(self):  # runs inside the engine build, in CuMemAllocator.use_memory_pool("weights")
-    R["inside"] = {k: os.environ.get(k) for k in VARS}
-    R["live_inside"] = dev.expandable_segments
-    code = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (VARS,)
-    R["child"] = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                           check=True).stdout)
-    return _load(self)
-Worker.load_model = load_model
-llm = new_llm()
-R["after"] = {k: os.environ.get(k) for k in VARS}
-"""
 
 
 @pytest.mark.parametrize("route", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
@@ -122,8 +91,8 @@ def test_every_env_route_off_inside_the_build(model_dir, route):
     """Processes started during the build (vLLM's multiprocessing workers, compile workers)
     inherit the ENV, not this process's live allocator setting: each route must read
     expandable segments off inside the build, whatever the live setting says."""
-    off, _ = scenario(model_dir, BUILD_ENV_BODY, shim=False, **{route: VALUE})
-    on, _ = scenario(model_dir, BUILD_ENV_BODY, shim=True, **{route: VALUE})
+    off, _ = scenario(model_dir, BUILD_ENV, shim=False, **{route: VALUE})
+    on, _ = scenario(model_dir, BUILD_ENV, shim=True, **{route: VALUE})
     others = {k: None for k in on["inside"] if k != route}
     assert off["inside"] == off["child"] == {**others, route: VALUE}  # without the shim: on inside the build
     off_value = "max_split_size_mb:128,expandable_segments:False"
@@ -135,18 +104,12 @@ def test_every_env_route_off_inside_the_build(model_dir, route):
 # ---------------------------------------------------------------------------
 # ineffective sleeps: detected, explained, re-checked after warm-up
 # ---------------------------------------------------------------------------
-CYCLE = """
-llm = new_llm(**KW)
-a = free(); llm.sleep(level=1); R["freed"] = free() - a
-llm.wake_up(); R["tokens"] = len(gen(llm))
-a = free(); llm.sleep(level=1); R["freed2"] = free() - a
-"""
 
 
 def test_ineffective_sleep_without_sleep_mode(model_dir):
-    body = "KW = {'enable_sleep_mode': False}\n" + CYCLE
-    off, poff = scenario(model_dir, body, shim=False, FAKEVLLM_DEVICE="npu")
-    on, pon = scenario(model_dir, body, shim=True, FAKEVLLM_DEVICE="npu")
+    kw = json.dumps({"enable_sleep_mode": False})
+    off, poff = scenario(model_dir, CYCLE, shim=False, FAKEVLLM_DEVICE="npu", TEST_KW=kw)
+    on, pon = scenario(model_dir, CYCLE, shim=True, FAKEVLLM_DEVICE="npu", TEST_KW=kw)
     assert off["freed"] == 0 and "ineffective" not in poff.stderr  # nobody notices
     assert on["freed"] == 0
     warnings = [line for line in pon.stderr.splitlines() if "WARNING" in line]
@@ -158,18 +121,15 @@ def test_ineffective_sleep_without_sleep_mode(model_dir):
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict, tmp_path):
-    body = "KW = {}\n" + CYCLE + (
-        "R['asleep'] = llm.llm_engine.is_sleeping()\n"
-        "llm.wake_up(); R['tokens2'] = list(gen(llm)); llm.sleep(level=1)\n")
     trace = tmp_path / "trace.jsonl"
-    env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE)
+    env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE, TEST_THEN="again")  # then a wake, a generate, a sleep
     if not strict:
-        off, poff = scenario(model_dir, body, shim=False, **env)
+        off, poff = scenario(model_dir, CYCLE, shim=False, **env)
         assert off["freed"] == 0 and off["freed2"] == 0 and "ineffective" not in poff.stderr
     env.update(SHIM_DISABLED_PATCHES="vllm-sleep-guard,vllm-worker-sleep-guard", SHIM_TRACE=str(trace))
     if strict:
         env["SHIM_STRICT"] = "1"
-    on, pon = scenario(model_dir, body, shim=True, check=not strict, **env)
+    on, pon = scenario(model_dir, CYCLE, shim=True, check=not strict, **env)
     warnings = [line for line in pon.stderr.splitlines() if "WARNING" in line]
     first = warnings[0]
     assert "ineffective sleep LLMEngine#1 level=1: the device got back 0.00 GiB" in first
@@ -193,13 +153,10 @@ def test_guard_disabled_detected_and_reset_after_warmup(model_dir, strict, tmp_p
 
 def test_reset_reissue_failure_never_stops_training(model_dir):
     """The re-issued sleep is the shim's own extra action: if it raises, one WARNING and training goes on."""
-    body = ("KW = {}\n" + CYCLE.replace("a = free(); llm.sleep(level=1); R[\"freed2\"]",
-                                         "llm.llm_engine.wake_up = boom; a = free(); llm.sleep(level=1); R[\"freed2\"]")
-            + "R['after'] = 'went on'\n")
-    body = "def boom(*a, **k):\n    raise RuntimeError('wake_up broke')\n" + body
     env = dict(FAKEVLLM_DEVICE="npu", PYTORCH_ALLOC_CONF=VALUE,
-               SHIM_DISABLED_PATCHES="vllm-sleep-guard,vllm-worker-sleep-guard")
-    on, pon = scenario(model_dir, body, shim=True, **env)
+               SHIM_DISABLED_PATCHES="vllm-sleep-guard,vllm-worker-sleep-guard",
+               TEST_THEN="boom")  # the engine's wake_up raises from the second sleep on (the re-issue's wake)
+    on, pon = scenario(model_dir, CYCLE, shim=True, **env)
     assert on["after"] == "went on"
     assert ("first-sleep reset LLMEngine#1: re-issuing the sleep failed (RuntimeError: wake_up broke)"
             in pon.stderr), pon.stderr[-2000:]
@@ -207,15 +164,7 @@ def test_reset_reissue_failure_never_stops_training(model_dir):
 
 def test_reset_recovered_branch():
     """The re-check logs a recovered engine (in-process unit: no stand-in case recovers at run time)."""
-    code = textwrap.dedent("""
-        from shim.vllm import first_sleep_reset
-        from shim.vllm import sleep_state
-        s = sleep_state.SleepState(measure=sleep_state.Measurement(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1))
-        first_sleep_reset.outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
-        first_sleep_reset.outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
-        print(s.measure.reset)
-    """)
-    proc = run_python(code)
+    proc = run_python((CHILDREN / "reset_recovered.py").read_text())
     assert proc.stdout.strip() == "recovered"
     assert "first-sleep reset LLMEngine#1: after the warm-up the sleep freed 40.00 GiB" in proc.stderr
     assert "first-sleep reset LLMEngine#2: after the warm-up the re-issued sleep freed 40.00 GiB" in proc.stderr
@@ -224,34 +173,11 @@ def test_reset_recovered_branch():
 # ---------------------------------------------------------------------------
 # per-tag wake, cached blocks released before waking, no double counting
 # ---------------------------------------------------------------------------
-WAKE_BODY = """
-llm = new_llm()
-llm.sleep(level=1)
-# the trainer fills the cache of PyTorch's allocator meanwhile (freed blocks it keeps)
-blk = dev.allocate(int(free() * 0.9), label="trainer"); dev.free(blk)
-llm.wake_up(tags=["weights"])
-llm.wake_up(tags=["weights", "kv_cache"])   # vLLM ignores the whole call: weights is awake
-R["asleep"] = sorted(llm.llm_engine.model_executor.sleeping_tags)
-try:
-    R["tokens"] = len(gen(llm))
-except RuntimeError as e:
-    R["gen_error"] = str(e)
-try:
-    llm.wake_up(tags=["kv_cache"])
-    R["tokens2"] = len(gen(llm))
-except Exception as e:
-    R["wake_error"] = type(e).__name__ + ": " + str(e)
-# ms-swift drives the engine directly: one event per call as well
-eng = llm.llm_engine
-eng.sleep(1); eng.wake_up(["weights"]); eng.sleep(1)  # a sleep while partially awake
-R["asleep_end"] = sorted(eng.model_executor.sleeping_tags)
-R["weights_mapped"] = eng.model_executor.driver_worker.model_runner.weights_alloc.mapped
-"""
 
 
 def test_per_tag_wake(model_dir):
-    off, _ = scenario(model_dir, WAKE_BODY, shim=False)
-    on, proc = scenario(model_dir, WAKE_BODY, shim=True, SHIM_DEBUG="1")  # every sleep/wake line
+    off, _ = scenario(model_dir, WAKE, shim=False)
+    on, proc = scenario(model_dir, WAKE, shim=True, SHIM_DEBUG="1")  # every sleep/wake line
     assert off["asleep"] == ["kv_cache"] and "illegal memory access" in off["gen_error"]
     assert "out of memory" in off["wake_error"]  # blocks cached by PyTorch not given back
     assert off["weights_mapped"] is True  # the partial-wake sleep was ignored: weights stay on device
@@ -276,8 +202,7 @@ def _shim_cli(*args, check=False, path=()):
 
 def test_trace_and_report(model_dir, tmp_path):
     trace = tmp_path / "trace.jsonl"
-    body = "KW = {}\n" + CYCLE
-    _, proc = scenario(model_dir, body, shim=True, SHIM_TRACE=str(trace), RANK="0", LOCAL_RANK="0")
+    _, proc = scenario(model_dir, CYCLE, shim=True, SHIM_TRACE=str(trace), RANK="0", LOCAL_RANK="0")
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     activations = [r for r in records if r["event"] == "activate"]
     assert len(activations) == 1 and activations[0]["rank"] == 0  # this process turned the shim on
@@ -358,35 +283,7 @@ def test_trace_lines_whole_with_many_writers(tmp_path):
 # the allocator guard itself (no vLLM)
 # ---------------------------------------------------------------------------
 def test_alloc_guard_restores_exactly():
-    code = textwrap.dedent("""
-        import json, os
-        from shim.vllm import alloc_guard
-        class Mem:
-            def __init__(self): self.calls = []
-            def _set_allocator_settings(self, s): self.calls.append(s)
-        class Probe:
-            name = "npu"
-            def __init__(self): self.module = type("M", (), {})(); self.module.memory = Mem()
-            def set_allocator_settings(self, s): self.module.memory._set_allocator_settings(s); return True
-        p = Probe()
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128,expandable_segments:True"
-        os.environ["PYTORCH_NPU_ALLOC_CONF"] = " expandable_segments:True ,garbage_collection_threshold:0.6"
-        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:False"
-        before = {k: os.environ.get(k) for k in alloc_guard.ENV_VARS}
-        with alloc_guard.expandable_segments_off(p):
-            inside = {k: os.environ.get(k) for k in alloc_guard.ENV_VARS}
-            with alloc_guard.expandable_segments_off(p):   # re-entrant: nothing more happens
-                pass
-            nested_calls = list(p.module.memory.calls)
-        after = {k: os.environ.get(k) for k in alloc_guard.ENV_VARS}
-        alloc_guard.track_live_setting(p)
-        p.module.memory._set_allocator_settings("expandable_segments:False")  # the user turns it off live
-        with alloc_guard.expandable_segments_off(p):
-            pass
-        print(json.dumps({"before": before, "inside": inside, "after": after, "nested": nested_calls,
-                          "calls": p.module.memory.calls}))
-    """)
-    out = last_json(run_python(code, env=clean_env()))
+    out = last_json(run_python((CHILDREN / "alloc_guard.py").read_text(), env=clean_env()))
     assert out["after"] == out["before"]
     assert out["inside"]["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:False"
     assert out["inside"]["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:False,garbage_collection_threshold:0.6"

@@ -1,0 +1,41 @@
+# The trainer process of test_engine_core.py: AsyncLLM engines whose engine core runs in its own process
+# (spawn or fork), each with sleep/wake cycles, then (TEST_IN_PROCESS=1) an in-process LLM with 2 cycles; prints
+# R (its pid, each engine core's pid, the first tokens). TEST_ENGINES: the engines, comma-separated
+# ("spawn", "fork", "nosleep-fork": built without sleep mode).
+import asyncio
+import json
+import os
+
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.engine.async_llm import AsyncLLM
+
+MODEL = os.environ["TEST_MODEL"]
+SP = SamplingParams(max_tokens=3, temperature=0.0)
+R = {"parent": os.getpid(), "core": {}}
+
+async def cycles(name, sleep_mode, n):
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = name.split("-")[-1]  # read at each engine core's start
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=MODEL, enable_sleep_mode=sleep_mode,
+                                                       gpu_memory_utilization=0.5))
+    R["core"][name] = engine.engine_core.engine_pid
+    for _ in range(n):
+        async for out in engine.generate({"prompt_token_ids": [3, 10, 11]}, SP, "r0"):
+            R.setdefault("tokens", list(out.outputs[0].token_ids))
+        await engine.sleep(1)
+        await engine.wake_up()
+    engine.shutdown()
+
+async def main():
+    for name in os.environ["TEST_ENGINES"].split(","):
+        await cycles(name, not name.startswith("nosleep"), 1 if name.startswith("nosleep") else 2)
+
+asyncio.run(main())
+if os.environ.get("TEST_IN_PROCESS"):
+    llm = LLM(model=MODEL, enable_sleep_mode=True, gpu_memory_utilization=0.5,
+              distributed_executor_backend="external_launcher")
+    for _ in range(2):
+        llm.generate([{"prompt_token_ids": [3, 10, 11]}], SP, use_tqdm=False)
+        llm.sleep(level=1)
+        llm.wake_up()
+print(json.dumps(R))
