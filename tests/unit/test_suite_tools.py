@@ -4,23 +4,16 @@ runs rely on it; with pytest 9.2 + pytest-xdist 3.8 the groups were silently ign
 ``item._nodeid``, which pytest 9.2 no longer reads) and each batch kept both workers busy."""
 from __future__ import annotations
 
+import pathlib
+import shutil
 import subprocess
 import sys
-import textwrap
+
+GROUPED = pathlib.Path(__file__).parent / "children" / "grouped_tests.py"
 
 
 def test_loadgroup_keeps_a_group_on_one_worker(tmp_path):
-    (tmp_path / "test_grouped.py").write_text(textwrap.dedent("""
-        import os, time
-        import pytest
-
-        @pytest.mark.xdist_group("one")
-        @pytest.mark.parametrize("k", range(6))
-        def test_member(k):
-            time.sleep(0.2)
-            with open(os.path.join(os.path.dirname(__file__), f"w{k}"), "w") as f:
-                f.write(os.environ["PYTEST_XDIST_WORKER"])
-    """))
+    shutil.copy(GROUPED, tmp_path / "test_grouped.py")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
                            "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, timeout=120,
                           cwd=str(tmp_path))
