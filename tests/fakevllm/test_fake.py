@@ -1,6 +1,7 @@
-"""Self-tests of the fake vLLM's semantics.  Every scenario runs in a fresh
-subprocess because the fake reads its configuration (and the device its
-allocator settings) once per process."""
+"""Self-tests of the fake vLLM's semantics.  Every scenario runs in a new
+process because the fake reads its configuration (and the device its
+allocator settings) once per process: a warm child (``tests/support/warm.py``:
+a fork of a server that imported torch and a few more, none of them the fake's)."""
 from __future__ import annotations
 
 import json
@@ -12,12 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import warm
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 CHILDREN = Path(HERE) / "children"  # each a body that runs after children/prelude.py
 PRELUDE = (CHILDREN / "prelude.py").read_text()
 MOE = CHILDREN / "moe.py"
 MLA_BODY = CHILDREN / "mla.py"
+LEVEL1_ROUNDTRIP_PRESERVES_WEIGHTS = CHILDREN / "level1_roundtrip_preserves_weights.py"
+LEVEL2_WAKE_IS_GARBAGE_AND_RELOAD_RESTORES = CHILDREN / "level2_wake_is_garbage_and_reload_restores.py"
+LEVEL2_KEEPS_BUFFERS = CHILDREN / "level2_keeps_buffers.py"
+LOAD_WEIGHTS_WRITES_AND_LOST_WHILE_ASLEEP_CUDA = CHILDREN / "load_weights_writes_and_lost_while_asleep_cuda.py"
+EXECUTOR_GUARDS = CHILDREN / "executor_guards.py"
+GENERATE_OUTPUTS_SHAPE_AND_LOGPROBS = CHILDREN / "generate_outputs_shape_and_logprobs.py"
+DIST_INFO_VERSION = CHILDREN / "dist_info_version.py"
+NPU_MODE_ERRORS = CHILDREN / "npu_mode_errors.py"
+LORA_SLOTS_FOLLOW_THE_WEIGHTS_TAG = CHILDREN / "lora_slots_follow_the_weights_tag.py"
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +51,7 @@ def run(model_dir, body, env: dict | None = None, expect_rc: int = 0) -> dict:
     else:
         body = "".join(Path(part).read_text() for part in ((body,) if isinstance(body, Path) else body))
     code = PRELUDE + body + "\nprint('RESULT=' + json.dumps(RESULT))\n"
-    p = subprocess.run([sys.executable, "-c", code, model_dir], env=e, capture_output=True, text=True,
-                       timeout=300, cwd=os.path.dirname(model_dir))
+    p = warm.run(sys.executable, ["-c", code, model_dir], e, os.path.dirname(model_dir), 300)  # warm child (fork)
     assert p.returncode == expect_rc, p.stdout[-3000:] + p.stderr[-3000:]
     for line in p.stdout.splitlines():
         if line.startswith("RESULT="):
@@ -49,93 +60,29 @@ def run(model_dir, body, env: dict | None = None, expect_rc: int = 0) -> dict:
 
 
 def test_level1_roundtrip_preserves_weights(model_dir):
-    r = run(model_dir, """
-        llm = new_llm()
-        fp0, t0 = wfp(llm), toks(llm)
-        f0 = mem.mem_get_info()[0]
-        llm.sleep(level=1)
-        RESULT["freed"] = mem.mem_get_info()[0] - f0
-        RESULT["sleeping"] = llm.llm_engine.is_sleeping()
-        try:
-            toks(llm); RESULT["gen_asleep"] = "ok"
-        except RuntimeError as e:
-            RESULT["gen_asleep"] = str(e)
-        llm.wake_up()
-        RESULT["same_fp"] = wfp(llm) == fp0
-        RESULT["same_toks"] = toks(llm) == t0
-    """)
+    r = run(model_dir, LEVEL1_ROUNDTRIP_PRESERVES_WEIGHTS)
     assert r["freed"] > 30 * 2**30 and r["sleeping"] and r["gen_asleep"] != "ok"
     assert r["same_fp"] and r["same_toks"]
 
 
 def test_level2_wake_is_garbage_and_reload_restores(model_dir):
-    r = run(model_dir, """
-        llm = new_llm()
-        fp0, t0 = wfp(llm), toks(llm)
-        llm.sleep(level=2); llm.wake_up()
-        RESULT["garbage"] = wfp(llm) != fp0
-        RESULT["garbage_toks_differ"] = toks(llm) != t0
-        RESULT["origin"] = llm.llm_engine.model_executor.driver_worker.model_runner.weights_origin
-        llm.collective_rpc("reload_weights")
-        RESULT["restored"] = wfp(llm) == fp0 and toks(llm) == t0
-        gens = [e for e in EVENTS if e["event"] == "generate"]
-        RESULT["is_ckpt"] = [g["is_checkpoint"] for g in gens]
-    """)
+    r = run(model_dir, LEVEL2_WAKE_IS_GARBAGE_AND_RELOAD_RESTORES)
     assert r["garbage"] and r["garbage_toks_differ"] and r["origin"] == "garbage"
     assert r["restored"] and r["is_ckpt"] == [True, False, True]
 
 
 def test_level2_keeps_buffers(model_dir):
-    r = run(model_dir, """
-        llm = new_llm()
-        b0 = {n: b.clone() for n, b in model(llm).named_buffers()}
-        llm.sleep(level=2); llm.wake_up()
-        RESULT["n"] = len(b0)
-        RESULT["same"] = all(torch.equal(b0[n], b) for n, b in model(llm).named_buffers())
-    """)
+    r = run(model_dir, LEVEL2_KEEPS_BUFFERS)
     assert r["n"] >= 1 and r["same"]
 
 
 def test_load_weights_writes_and_lost_while_asleep_cuda(model_dir):
-    r = run(model_dir, """
-        llm = new_llm()
-        m = model(llm)
-        new = [(n, torch.full_like(p, 0.01)) for n, p in m.named_parameters()]
-        RESULT["loaded"] = len(m.load_weights(new))
-        RESULT["written"] = wfp(llm) == fingerprint(new)
-        llm.sleep(level=2)
-        m.load_weights([(n, torch.full_like(p, 0.02)) for n, p in m.named_parameters()])   # lost
-        llm.wake_up(tags=["weights"])
-        RESULT["lost"] = wfp(llm) != fingerprint([(n, torch.full_like(p, 0.02)) for n, p in m.named_parameters()])
-        try:
-            m.load_weights([("nope.weight", torch.zeros(1))]); RESULT["unknown"] = "ok"
-        except KeyError:
-            RESULT["unknown"] = "KeyError"
-    """)
+    r = run(model_dir, LOAD_WEIGHTS_WRITES_AND_LOST_WHILE_ASLEEP_CUDA)
     assert r["loaded"] > 0 and r["written"] and r["lost"] and r["unknown"] == "KeyError"
 
 
 def test_executor_guards(model_dir):
-    r = run(model_dir, """
-        llm = new_llm()
-        ex = llm.llm_engine.model_executor
-        llm.sleep(level=1); n0 = len([e for e in EVENTS if e["event"] == "worker_sleep"])
-        llm.sleep(level=2)   # warning no-op
-        RESULT["second_sleep_noop"] = len([e for e in EVENTS if e["event"] == "worker_sleep"]) == n0
-        llm.wake_up(tags=["weights"])
-        RESULT["after_weights"] = sorted(ex.sleeping_tags)
-        llm.wake_up(tags=["weights", "kv_cache"])   # weights not asleep -> wakes NOTHING
-        RESULT["after_both"] = sorted(ex.sleeping_tags)
-        RESULT["kv_mapped"] = ex.driver_worker.model_runner.kv_alloc.mapped
-        llm.wake_up(tags=["kv_cache"])
-        RESULT["awake"] = (not ex.is_sleeping) and not llm.llm_engine.is_sleeping()
-        llm.wake_up()   # not sleeping -> warning no-op
-        RESULT["guards"] = [e["note"] for e in EVENTS if e["event"] == "executor_guard"]
-        try:
-            llm.collective_rpc("definitely_missing"); RESULT["rpc"] = "ok"
-        except NotImplementedError as e:
-            RESULT["rpc"] = str(e)
-    """)
+    r = run(model_dir, EXECUTOR_GUARDS)
     assert r["second_sleep_noop"]
     assert r["after_weights"] == ["kv_cache"] and r["after_both"] == ["kv_cache"] and not r["kv_mapped"]
     assert r["awake"]
@@ -145,42 +92,13 @@ def test_executor_guards(model_dir):
 
 
 def test_generate_outputs_shape_and_logprobs(model_dir):
-    r = run(model_dir, """
-        llm = new_llm(logprobs_mode="processed_logprobs")
-        sp = SamplingParams(n=2, max_tokens=5, temperature=0.8, top_p=0.9, top_k=50, seed=3, logprobs=2)
-        outs = llm.generate([{"prompt_token_ids": [3, 10, 11]}, "the cat is"], sp, use_tqdm=False)
-        o = outs[0].outputs[0]
-        RESULT["n"] = [len(x.outputs) for x in outs]
-        RESULT["prompt_ids"] = outs[0].prompt_token_ids
-        RESULT["lens"] = len(o.token_ids) == len(o.logprobs)
-        first = o.logprobs[0]
-        tid = o.token_ids[0]
-        RESULT["sampled_in"] = tid in first and len(first) <= 3
-        RESULT["ranks"] = sorted(lp.rank for lp in first.values())[:2]
-        RESULT["finite"] = all(lp.logprob <= 0 for d in o.logprobs for lp in d.values())
-        again = llm.generate([{"prompt_token_ids": [3, 10, 11]}], sp, use_tqdm=False)[0].outputs[0].token_ids
-        RESULT["seeded"] = again == o.token_ids
-        ch = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=3), use_tqdm=False)
-        RESULT["chat"] = len(ch) == 1 and len(ch[0].outputs[0].token_ids) >= 1
-    """)
+    r = run(model_dir, GENERATE_OUTPUTS_SHAPE_AND_LOGPROBS)
     assert r["n"] == [2, 2] and r["prompt_ids"] == [3, 10, 11] and r["lens"] and r["sampled_in"]
     assert r["ranks"][0] == 1 and r["finite"] and r["seeded"] and r["chat"]
 
 
 def test_dist_info_version(model_dir):
-    r = run(model_dir, """
-        import importlib.metadata as md
-        RESULT["v"] = md.version("vllm"); RESULT["attr"] = vllm.__version__
-        import importlib.util
-        RESULT["ascend"] = importlib.util.find_spec("vllm_ascend") is not None
-        from vllm.logprobs import Logprob; from vllm.sequence import Logprob as L2
-        from vllm.sampling_params import StructuredOutputsParams
-        from vllm.distributed.parallel_state import get_world_group
-        from vllm.lora.request import LoRARequest
-        from vllm.platforms import current_platform
-        RESULT["dt"] = current_platform.device_type
-        RESULT["cuda_avail"] = torch.cuda.is_available()
-    """)
+    r = run(model_dir, DIST_INFO_VERSION)
     assert r == {"v": "0.24.0", "attr": "0.24.0", "ascend": False, "dt": "cuda", "cuda_avail": False}
 
 
@@ -202,23 +120,7 @@ def test_make_site_other_version(model_dir, tmp_path):
 
 
 def test_npu_mode_errors(model_dir):
-    r = run(model_dir, """
-        import vllm_ascend
-        from vllm.platforms import current_platform
-        RESULT["dt"] = current_platform.device_type
-        llm = new_llm()
-        try:
-            llm.collective_rpc("reload_weights"); RESULT["reload"] = "ok"
-        except NotImplementedError as e:
-            RESULT["reload"] = str(e)
-        llm.sleep(level=2)
-        m = model(llm)
-        try:
-            m.load_weights([(n, p.clone()) for n, p in m.named_parameters()]); RESULT["write"] = "ok"
-        except RuntimeError as e:
-            RESULT["write"] = str(e)
-        RESULT["alloc"] = type(llm.llm_engine.model_executor.driver_worker._allocator()).__name__
-    """, env={"FAKEVLLM_DEVICE": "npu"})
+    r = run(model_dir, NPU_MODE_ERRORS, env={"FAKEVLLM_DEVICE": "npu"})
     assert r["dt"] == "npu"
     assert r["reload"] == "Method 'reload_weights' is not implemented."
     assert r["write"] == "The DDR address of the MTE instruction is out of range"
@@ -302,42 +204,7 @@ def test_lora_slots_follow_the_weights_tag(model_dir, tmp_path):
     """vLLM 0.10.2 LoRA: linear layers become LoRA layers (``base_layer`` names), ``add_lora`` loads an adapter
     from ``lora_path`` into a GPU slot, the request's adapter is applied at generate; the slots are memory of the
     weights tag: kept by a level-1 sleep, discarded by a level-2 sleep while the adapter stays registered."""
-    r = run(model_dir, f"""
-        from safetensors.torch import save_file
-        from vllm.lora.request import LoRARequest
-        from vllm._fake.lora import effective_weights
-        llm = new_llm(enable_lora=True, max_lora_rank=8)
-        m = model(llm)
-        runner = llm.llm_engine.model_executor.driver_worker.model_runner
-        RESULT["base_layer"] = any(n.endswith("q_proj.base_layer.weight") for n, _ in m.named_parameters())
-        g = torch.Generator().manual_seed(1)
-        adapter, expected = {{}}, {{}}
-        for name, mod in m.named_modules():
-            if hasattr(mod, "base_layer"):
-                a = torch.randn(8, mod.input_size, generator=g) * 0.1
-                b = torch.randn(mod.output_size, 8, generator=g) * 0.1
-                adapter[f"base_model.model.{{name}}.lora_A.weight"] = a
-                adapter[f"base_model.model.{{name}}.lora_B.weight"] = b
-                expected[name + ".weight"] = mod.base_layer.weight.double() + 2.0 * b.double() @ a.double()
-        d = {str(tmp_path / "adapter")!r}
-        os.makedirs(d)
-        save_file(adapter, os.path.join(d, "adapter_model.safetensors"))
-        json.dump({{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}}, open(os.path.join(d, "adapter_config.json"), "w"))
-        lr = LoRARequest("a", 7, d)
-        RESULT["added"] = llm.llm_engine.add_lora(lr)
-        RESULT["listed"] = sorted(llm.llm_engine.list_loras())
-        def applied():
-            runner.set_active_lora_for_request(lr)
-            eff = effective_weights(m)
-            return max(float((eff[k] - v).abs().max()) for k, v in expected.items())
-        RESULT["diff"] = applied()
-        RESULT["differs"] = toks(llm) != llm.generate(PROMPT, SP, use_tqdm=False, lora_request=lr)[0].outputs[0].token_ids
-        llm.sleep(level=1); llm.wake_up()
-        RESULT["diff_l1"] = applied()
-        llm.sleep(level=2); llm.wake_up()
-        RESULT["diff_l2"] = applied()
-        RESULT["listed_l2"] = sorted(llm.llm_engine.list_loras())
-    """)
+    r = run(model_dir, LORA_SLOTS_FOLLOW_THE_WEIGHTS_TAG, env={"TEST_ADAPTER_DIR": str(tmp_path / "adapter")})
     assert r["base_layer"] and r["added"] and r["listed"] == [7] and r["listed_l2"] == [7]
     assert r["diff"] < 1e-6 and r["diff_l1"] < 1e-6 and r["diff_l2"] > 0.1 and r["differs"], r
 
