@@ -166,6 +166,17 @@ def _init(wrapped, instance, args, kwargs, full_gc):
 # ---------------------------------------------------------------------------
 # sleep
 # ---------------------------------------------------------------------------
+def _holds_memory(engine, state, given) -> bool:
+    """``given``, or where None whether ``engine`` has an in-process executor (whose workers the
+    state then adopts)."""
+    if given is not None:
+        return given
+    holds = engines.executor_of(engine) is not None
+    if holds:
+        _adopt_workers(engine, state)
+    return holds
+
+
 def check_sleep(wrapped, instance, args, kwargs):
     return sleep_on(engines.engine_of(instance), wrapped, args, kwargs)
 
@@ -178,10 +189,7 @@ def sleep_on(engine, wrapped, args, kwargs, holds_memory=None):
     state = sleep_state.state_for(engine)
     if _inner(state):
         return wrapped(*args, **kwargs)
-    if holds_memory is None:
-        holds_memory = engines.executor_of(engine) is not None
-        if holds_memory:
-            _adopt_workers(engine, state)
+    holds_memory = _holds_memory(engine, state, holds_memory)
     level = call_args.arg(wrapped, args, kwargs, "level", 1)
     level = level if isinstance(level, int) else None
     probe = memory.probe()
@@ -317,10 +325,7 @@ def wake_on(engine, wrapped, args, kwargs, holds_memory=None):
     state = sleep_state.state_for(engine)
     if _inner(state):
         return wrapped(*args, **kwargs)
-    if holds_memory is None:
-        holds_memory = engines.executor_of(engine) is not None
-        if holds_memory:
-            _adopt_workers(engine, state)
+    holds_memory = _holds_memory(engine, state, holds_memory)
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     probe = memory.probe()
     if not holds_memory:
