@@ -208,10 +208,13 @@ def contract_tests(module_name: str):
     from shim.engine import catalog
 
     ids = [row[0] for row in catalog.index() if row[1] == module_name]
+    # one worker runs every case of one release's batch (--dist loadgroup): the batch is one interpreter per
+    # (kind, release), shared by the patches of several modules; a second worker would wait on its lock
+    params = [pytest.param(pid, case, id=f"{pid}-{case}",
+                           marks=pytest.mark.xdist_group("contract-{}-{}".format(*targets()[pid])))
+              for pid in ids for case in CASES]
 
-    @pytest.mark.xdist_group(f"contract-{module_name}")  # one worker runs a module's batch (--dist loadgroup)
-    @pytest.mark.parametrize("case", CASES)
-    @pytest.mark.parametrize("patch_id", ids)
+    @pytest.mark.parametrize("patch_id,case", params)
     def test_contract(patch_id, case):
         check_case(patch_id, case)
 
