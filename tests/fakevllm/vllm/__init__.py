@@ -20,7 +20,6 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
 
-
 def __getattr__(name):
     """``vllm.AsyncLLMEngine``, resolved lazily as upstream's ``MODULE_ATTRS`` does (vllm/__init__.py:
     ``".engine.async_llm_engine:AsyncLLMEngine"``), which on V1 is ``AsyncLLM`` (OpenRLHF, ms-swift's async path)."""
