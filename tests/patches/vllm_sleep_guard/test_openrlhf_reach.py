@@ -15,9 +15,10 @@ then kv_cache, one call each), ``generate``, ``sleep()`` (level 1). No Ray clust
 (``RolloutRayActor.__ray_actor_class__``) runs on an event loop in the child, ``ray.get`` waits for it. Run under
 ``python -m shim --trace`` and without the shim; the engine core is spawned (vLLM forces spawn in a Ray actor).
 
-Not covered: Ray's own worker processes (whether ``python -m shim`` in front of the driver reaches the actor's
-process is Ray's environment propagation, not this code), and the weight broadcast itself (NCCL /
-CUDA IPC into ``WorkerWrap.update_weight``).
+Not covered: Ray's own worker processes (whether ``python -m shim`` reaches the actor's process is Ray's
+environment propagation: measured by hand with ray 2.49.2, a cluster the driver's ``ray.init()`` starts, or one
+``ray start`` ran under the shim, gives activated workers; a ``ray start`` apart does not: README, Troubleshooting),
+and the weight broadcast itself (NCCL / CUDA IPC into ``WorkerWrap.update_weight``).
 """
 from __future__ import annotations
 
