@@ -18,6 +18,7 @@ Command line::
     python -m tests.support.envs triton                 # Triton for the digest kernel's CPU interpreter
     python -m tests.support.envs verl 0.7.1 0.8.0 ...   # verl releases (+ the packages its rollout imports)
     python -m tests.support.envs verl all               # every version in VERL_VERSIONS
+    python -m tests.support.envs openrlhf all           # OpenRLHF releases (+ what its vLLM engine module imports)
 """
 
 from __future__ import annotations
@@ -217,6 +218,39 @@ def verl_paths(version: str) -> list:
     return [str(verl_path(version)), str(verl_deps_path())]
 
 
+OPENRLHF_VERSIONS: tuple[str, ...] = ("0.11.2",)
+"""OpenRLHF releases the suite covers (0.11.2 pins vllm 0.29.0, transformers 5.15.0, ray 2.55.0)."""
+
+OPENRLHF_EXTRAS: tuple[str, ...] = ("pylatexenc==2.10",)
+"""What ``import openrlhf.trainer.ray.vllm_engine`` needs beyond tests/requirements.txt and :func:`verl_deps_path`
+(measured: each missing one is an ImportError): ``openrlhf.utils`` imports ``math_utils`` (sympy, from torch;
+pylatexenc) and ``utils`` (torch, transformers), the engine module ``agent`` (aiohttp, from datasets' fsspec[http])
+and ray. ray is the verl envs' 2.49.2, not OpenRLHF's pin 2.55.0: the module only decorates (``ray.remote``) and
+names ``placement_group`` / ``PlacementGroupSchedulingStrategy`` / ``ray.get``, all the same in both, and the tests
+start no Ray cluster. Installed with the release, ``--no-deps``, into ``.envs/openrlhf-<v>``."""
+
+
+def _check_openrlhf_version(version: str) -> str:
+    try:
+        return _check_version(version)
+    except EnvError:
+        raise EnvError(f"invalid OpenRLHF version {version!r} (expected e.g. 0.11.2)") from None
+
+
+def openrlhf_path(version: str) -> pathlib.Path:
+    """Return .envs/openrlhf-<version>, installing openrlhf==<version> and :data:`OPENRLHF_EXTRAS` there (no deps)
+    first if needed. The wheel's top-level ``tests`` (OpenRLHF's own suite) is removed: it would shadow this
+    repository's ``tests``."""
+    version = _check_openrlhf_version(version)
+    dest = ENVS_DIR / f"openrlhf-{version}"
+    return _cached(dest, [f"openrlhf=={version}", *OPENRLHF_EXTRAS], "openrlhf", drop=("tests",))
+
+
+def openrlhf_paths(version: str) -> list:
+    """The sys.path entries of OpenRLHF ``version``: the release, then the verl envs' shared packages (ray)."""
+    return [str(openrlhf_path(version)), str(verl_deps_path())]
+
+
 def build_cli(argv: list, usage: str, all_versions, check, build) -> int:
     """The command line of the env builders (this module, ``tests.support.swift_envs``): ``VERSION ... | all``.
     Every version is checked before any is built; one path per version on stdout; a bad version
@@ -257,6 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
         return build_cli(argv[1:], usage, VERL_VERSIONS, _check_verl_version, verl_path)
+    if argv[:1] == ["openrlhf"]:
+        usage = "usage: python -m tests.support.envs openrlhf VERSION [VERSION ...] | all"
+        if argv[1:]:
+            try:
+                print(verl_deps_path(), flush=True)
+            except EnvError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+        return build_cli(argv[1:], usage, OPENRLHF_VERSIONS, _check_openrlhf_version, openrlhf_path)
     if argv[:1] == ["trl"]:
         argv = argv[1:]
     return build_cli(argv, usage, TRL_VERSIONS, _check_version, trl_path)

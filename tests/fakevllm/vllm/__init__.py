@@ -19,7 +19,16 @@ from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
-AsyncLLMEngine = None  # not provided by the fake
+
+def __getattr__(name):
+    """``vllm.AsyncLLMEngine``, resolved lazily as upstream's ``MODULE_ATTRS`` does (vllm/__init__.py:
+    ``".engine.async_llm_engine:AsyncLLMEngine"``), which on V1 is ``AsyncLLM`` (OpenRLHF, ms-swift's async path)."""
+    if name == "AsyncLLMEngine":
+        from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine
+    raise AttributeError(f"module 'vllm' has no attribute {name!r}")
+
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs",
-           "AsyncEngineArgs", "LLMEngine", "PoolingParams", "PoolingRequestOutput", "__version__"]
+           "AsyncEngineArgs", "AsyncLLMEngine", "LLMEngine", "PoolingParams", "PoolingRequestOutput", "__version__"]
