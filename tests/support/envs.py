@@ -282,24 +282,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
-    if argv[:1] == ["verl"]:
-        usage = "usage: python -m tests.support.envs verl VERSION [VERSION ...] | all"
+    ray_kinds = {"verl": (VERL_VERSIONS, _check_verl_version, verl_path),
+                 "openrlhf": (OPENRLHF_VERSIONS, _check_openrlhf_version, openrlhf_path)}
+    if argv[:1] and argv[0] in ray_kinds:  # both on the verl envs' shared packages (ray)
+        versions, check, build = ray_kinds[argv[0]]
+        usage = f"usage: python -m tests.support.envs {argv[0]} VERSION [VERSION ...] | all"
         if argv[1:]:
             try:
                 print(verl_deps_path(), flush=True)
             except EnvError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
-        return build_cli(argv[1:], usage, VERL_VERSIONS, _check_verl_version, verl_path)
-    if argv[:1] == ["openrlhf"]:
-        usage = "usage: python -m tests.support.envs openrlhf VERSION [VERSION ...] | all"
-        if argv[1:]:
-            try:
-                print(verl_deps_path(), flush=True)
-            except EnvError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 1
-        return build_cli(argv[1:], usage, OPENRLHF_VERSIONS, _check_openrlhf_version, openrlhf_path)
+        return build_cli(argv[1:], usage, versions, check, build)
     if argv[:1] == ["trl"]:
         argv = argv[1:]
     return build_cli(argv, usage, TRL_VERSIONS, _check_version, trl_path)
