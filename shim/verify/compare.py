@@ -18,6 +18,7 @@ verifies the same tensors at the same generate); FSDP2 ``DTensor`` parameters th
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 from shim.verify import digest, layout
@@ -92,20 +93,13 @@ def fingerprint(model, request: dict) -> dict:
     ``describe``: this worker's :func:`shim.verify.layout.describe` (made afresh); ``digests``: for
     each name, one digest per layout piece (lists of ints)."""
     names = request.get("names") or []
-    desc, params = described(model, fresh=bool(request.get("describe")))
+    desc, params, kept = described(model, fresh=bool(request.get("describe")))
     out = {"rank": desc["rank"]}
     if request.get("describe"):
         out["describe"] = desc
     if not names:
         return out
     spec = request.get("sample")
-    kept = _engine_views.get(model) if not request.get("describe") else None
-    if kept is None:
-        kept = Views()
-        try:
-            _engine_views[model] = kept
-        except TypeError:
-            pass
     views, owners = [], []
     for name in names:
         p, lay = params[name], desc["params"][name]["layout"]
@@ -120,19 +114,18 @@ def fingerprint(model, request: dict) -> dict:
     return out
 
 
-_described = weakref.WeakKeyDictionary()  # engine model -> (describe(), [(name, module ref, leaf, param ref, shape, dtype)])
-_engine_views = weakref.WeakKeyDictionary()  # engine model -> Views of its pieces
+_described = weakref.WeakKeyDictionary()  # engine model -> (describe(), slots, Views of its pieces)
 
 
-def described(model, fresh: bool = False) -> "tuple[dict, dict]":
-    """``(layout.describe(model), {name: parameter})`` of an engine model, kept from one check to the
-    next while every parameter is still the object, shape and dtype it was described with (vLLM loads
+def described(model, fresh: bool = False) -> "tuple[dict, dict, Views]":
+    """``(layout.describe(model), {name: parameter}, Views of its pieces)`` of an engine model, kept
+    from one check to the next while every parameter is still the object, shape and dtype it was described with (vLLM loads
     pushed and reloaded weights into the same tensors). A parameter replaced (``module.weight = ...``)
     or re-pointed (``param.data = ...`` of another shape or dtype) makes a new description. Only weak
     references are kept: a replaced parameter or a finished engine frees its memory as before."""
     got = None if fresh else _described.get(model)
     if got is not None:
-        desc, slots = got
+        desc, slots, kept = got
         params = {}
         for name, mref, leaf, pref, shape, dtype in slots:
             mod, p = mref(), pref()
@@ -140,8 +133,8 @@ def described(model, fresh: bool = False) -> "tuple[dict, dict]":
                 break
             params[name] = p
         else:
-            return desc, params
-    desc = layout.describe(model)
+            return desc, params, kept
+    desc, kept = layout.describe(model), Views()
     slots, params, seen = [], {}, set()
     for prefix, mod in model.named_modules():  # named_parameters()'s names and order (a tied parameter once)
         for leaf, p in mod._parameters.items():
@@ -152,10 +145,10 @@ def described(model, fresh: bool = False) -> "tuple[dict, dict]":
             params[name] = p
             slots.append((name, weakref.ref(mod), leaf, weakref.ref(p), p.shape, p.dtype))
     try:
-        _described[model] = (desc, slots)
+        _described[model] = (desc, slots, kept)
     except TypeError:  # not weak-referenceable: described at every check
         pass
-    return desc, params
+    return desc, params, kept
 
 
 # ---------------------------------------------------------------------------
@@ -203,40 +196,30 @@ def trainer_digests(desc: dict, names: list, params: dict, spec=None, kept: "Vie
     as they are, their views kept in ``kept`` from one check to the next)."""
     import torch
 
-    parts, owners, views, dtypes, kinds = [], [], [], [], {}
+    parts, owners, views, dtypes = [], [], [], []
     with torch.no_grad():
         for name in names:
             d = desc["params"][name]
-            lay = d["layout"]
-            dtype = kinds.get(d["dtype"])
-            if dtype is None:
-                dtype = kinds[d["dtype"]] = _dtype(d["dtype"])
+            lay, dtype = d["layout"], _dtype(d["dtype"])
             pieces = lay["pieces"]
-            gathered = None
-            if any(_sharded(params[piece[0]]) for piece in pieces):
-                gathered = Gathered(params, [piece[0] for piece in pieces])
-                tensors = gathered.__enter__()
-            else:
-                tensors = params
-            try:
+            sharded = any(_sharded(params[piece[0]]) for piece in pieces)
+            with Gathered(params, [piece[0] for piece in pieces]) if sharded else contextlib.nullcontext(params) \
+                    as tensors:
                 for k, piece in enumerate(pieces):
                     t = tensors[piece[0]]
                     if not lay.get("scalar") and (t.dim() <= lay["dim"] or piece[3] + piece[2] > t.shape[lay["dim"]]):
                         raise LookupError(f"{piece[0]}: trainer shape {list(t.shape)} does not hold rows "
                                           f"{piece[3]}..{piece[3] + piece[2]} of dim {lay['dim']}")
-                    if kept is None or gathered is not None:
+                    if kept is None or sharded:
                         view = layout.trainer_view(t, lay, piece)
                     else:
                         view = kept.get((desc.get("rank"), name, k), t,
                                         lambda t=t, piece=piece: layout.trainer_view(t, lay, piece))
                     views.append(rows(view, *spec) if spec else view)
                     dtypes.append(dtype)
-                if gathered is not None and gathered.sharded:  # gathered tensors are freed on exit: digest them first
+                if sharded:  # gathered tensors are freed on exit: digest them first
                     parts += digest.partials_many(views, dtypes)
                     views, dtypes = [], []
-            finally:
-                if gathered is not None:
-                    gathered.__exit__(None, None, None)
             owners.append(len(pieces))
         parts += digest.partials_many(views, dtypes)  # all unsharded pieces together (one launch per kind)
     flat = digest.collect(parts)

@@ -186,10 +186,11 @@ def _triton_kernel():
     return _kernel
 
 
-def _triton_source(t, dtype, devices: tuple):
+def _triton_source(t, dtype, devices: tuple, bf16):
     """``(flat source, CAST)`` for the kernel, or None where the ``torch`` route must do it (not a
     tensor of ``devices`` (CUDA), not a 2-byte target, not a 2- or 4-byte float source). A contiguous
-    source that is float32 or already ``dtype`` is the tensor itself (the kernel reads its words)."""
+    source that is float32 or already ``dtype`` is the tensor itself (the kernel reads its words).
+    ``bf16``: ``torch.bfloat16`` (passed in: no import per piece)."""
     cuda, cpu = devices
     source = t.dtype
     size = source.itemsize
@@ -200,10 +201,9 @@ def _triton_source(t, dtype, devices: tuple):
         return t.to(dtype), 0
     if not t.is_contiguous():
         t = t.contiguous()
-    return t, 0 if size == 2 else 1 if dtype == _BF16[0] else 2
+    return t, 0 if size == 2 else 1 if dtype == bf16 else 2
 
 
-_BF16: list = []  # [torch.bfloat16], set at the first call (no torch import at module import)
 _plans: dict = {}   # (device, CAST, BLOCK_ROWS, (data_ptr, numel) of each member) -> launch tables (last few calls)
 PLANS = 8
 """Launch tables kept (a check's pieces sit at the same addresses from one check to the next)."""
@@ -244,14 +244,12 @@ def _triton_many(pieces, dtypes) -> list:
     hundreds of pieces: a torch op per piece would cost more than the kernel)."""
     import torch
 
-    if not _BF16:
-        _BF16.append(torch.bfloat16)
     devices = ("cuda" in TRITON_DEVICES, "cpu" in TRITON_DEVICES)
     out = [None] * len(pieces)
     groups: dict = {}  # (device index, CAST) -> (first source, [piece index], [(data_ptr, numel)])
     keep = []  # the sources (copies where a piece was not contiguous) until the launches are queued
     for i, (t, d) in enumerate(zip(pieces, dtypes)):
-        got = _triton_source(t, d, devices)
+        got = _triton_source(t, d, devices, torch.bfloat16)
         if got is None:
             out[i] = Rows(_torch_partials(_prepared(t), d))
             continue

@@ -8,12 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.support import warm
+from tests.support.helpers import child_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -46,11 +46,7 @@ def run(model_dir, body, env: dict | None = None, expect_rc: int = 0) -> dict:
     e["PYTHONPATH"] = os.pathsep.join([HERE, e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     e["VLLM_LOGGING_LEVEL"] = "ERROR"
     e.update(env or {})
-    if isinstance(body, str):
-        body = textwrap.dedent(body)
-    else:
-        body = "".join(Path(part).read_text() for part in ((body,) if isinstance(body, Path) else body))
-    code = PRELUDE + body + "\nprint('RESULT=' + json.dumps(RESULT))\n"
+    code = PRELUDE + child_text(body) + "\nprint('RESULT=' + json.dumps(RESULT))\n"
     p = warm.run(sys.executable, ["-c", code, model_dir], e, os.path.dirname(model_dir), 300)  # warm child (fork)
     assert p.returncode == expect_rc, p.stdout[-3000:] + p.stderr[-3000:]
     for line in p.stdout.splitlines():
