@@ -37,6 +37,15 @@ wrappers above see no executor (``shim.vllm.worker_check``):
   worker's own state, records with the worker process's pid. Where an in-process engine's check
   acts on the same sleep (TRL / ms-swift colocate), the worker's passes through: one record per sleep.
 
+One on ``vllm.v1.engine.core.EngineCore`` (``shim.vllm.core_wake``), in whatever process holds the
+executor:
+
+- ``vllm-core-wake-plan`` (``wake_up``): the per-tag wake rule of the engine-level check
+  (``shim.vllm.wake_plan``: only the requested tags that are asleep are passed; vLLM's executor
+  drops a wake naming an awake tag, and 0.24's core then never resumes its scheduler) for the
+  engine core in its own process, where no engine-level wrapper sees the wake; passes through
+  where an in-process engine's check planned it.
+
 All of them stand down with one line when neither CUDA (``torch.cuda``) nor an
 Ascend NPU (``torch.npu``) is the device.
 """
@@ -106,6 +115,19 @@ def _apply_worker_check(module, patcher):
     patcher.wrap(module.Worker, "__init__", worker_check.check_init)
     patcher.wrap(module.Worker, "sleep", worker_check.check_sleep)
     patcher.wrap(module.Worker, "wake_up", worker_check.check_wake)
+
+
+def _probe_core(module):
+    core = getattr(module, "EngineCore", None)
+    if core is None:
+        return changed("no EngineCore")
+    return _shape(core, ("wake_up",)) or _no_device()
+
+
+def _apply_core_wake(module, patcher):
+    from shim.vllm import core_wake
+
+    patcher.wrap(module.EngineCore, "wake_up", core_wake.plan_wake)
 
 
 def _apply_guard(module, patcher):
@@ -203,4 +225,18 @@ WORKER_CHECK = Patch(
     verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked; in-process LLM",
 )
 
-PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK]
+CORE_WAKE = Patch(
+    id="vllm-core-wake-plan",
+    tested_at=("vllm", "0.24.0"),
+    issue="vLLM Executor.wake_up drops a wake naming an awake tag",
+    distribution="vllm",
+    affected=_AFFECTED,
+    module="vllm.v1.engine.core",
+    apply=_apply_core_wake,
+    probe=_probe_core,
+    summary="EngineCore.wake_up (the engine core of AsyncLLM / multiprocessing LLM, in its own process) passes "
+            "only the requested tags that are asleep, as vllm-sleep-check does in process; once per wake",
+    verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked (weights woken, then both tags)",
+)
+
+PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK, CORE_WAKE]

@@ -5,6 +5,7 @@
 ``ExecutorBase``; ``is_sleeping`` True while any is). Every other module asks here:
 :func:`engine_of` (the object that owns the sleep state), :func:`executor_of`,
 :func:`in_process_workers` (the executor's workers that live in this process),
+:func:`in_process_core` (the ``EngineCore`` an in-process client holds),
 :func:`executor_tags` / :func:`reported_asleep` (what vLLM reports asleep, or None where the
 executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine). The
 device an engine runs on is ``shim.vllm.memory.device_type``. Nothing here imports vLLM.
@@ -54,6 +55,16 @@ def in_process_workers(obj) -> list:
         return []
     worker = getattr(wrapper, "worker", None) or wrapper
     return [worker] if callable(getattr(worker, "sleep", None)) else []
+
+
+def in_process_core(obj):
+    """The ``vllm.v1.engine.core.EngineCore`` of ``obj``'s engine where it runs in this process: vLLM's
+    ``LLMEngine.engine_core`` is an ``InprocClient`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) whose
+    ``engine_core`` is the core (0.24 ``llm_engine.py:125`` reads ``model_executor`` off it); None for
+    a client of a core in another process (``SyncMPClient`` / ``AsyncMPClient``)."""
+    client = getattr(engine_of(obj), "engine_core", None)
+    core = getattr(client, "engine_core", None)
+    return core if getattr(core, "model_executor", None) is not None else None
 
 
 def executor_tags(executor) -> "set | None":

@@ -103,12 +103,13 @@ def _executor_asleep(engine) -> "bool | None":
 
 
 def _adopt_workers(engine, state) -> None:
-    """The engine's in-process workers get ``state`` as their ``owner``: their own check
-    (``shim.vllm.worker_check``) passes through while this engine's check acts on a call, so one
-    sleep is one record. Never raises."""
+    """The engine's in-process workers and engine core get ``state`` as their ``owner``: their own
+    wrappers (``shim.vllm.worker_check``, ``shim.vllm.core_wake``) pass through while this engine's
+    check acts on a call, so one sleep is one record and one wake is planned once. Never raises."""
     try:
-        for worker in engines.in_process_workers(engine):
-            sleep_state.state_for(worker).owner = state
+        core = engines.in_process_core(engine)
+        for held in engines.in_process_workers(engine) + ([core] if core is not None else []):
+            sleep_state.state_for(held).owner = state
     except Exception:
         pass
 

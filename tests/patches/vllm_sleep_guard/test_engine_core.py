@@ -8,7 +8,8 @@ bootstrap on PYTHONPATH; fork: it inherits the activation). Each claim is assert
 off too (one run, fork: the engine core is the same program either way), inside the same test.
 
 The run: engine A (sleep mode; torch of the bypass era with ``PYTORCH_ALLOC_CONF=
-expandable_segments:True``, ms-swift #6636's route): 2 generate/sleep/wake cycles. Fork runs only:
+expandable_segments:True``, ms-swift #6636's route): 2 generate/sleep/wake cycles, the second waking
+the weights and then both tags (``vllm-core-wake-plan``), and a rollout after them. Fork runs only:
 engine B (built without sleep mode: a sleep that frees nothing), then an in-process ``vllm.LLM``
 in the trainer's process (TRL colocate) with 2 cycles.
 """
@@ -107,6 +108,22 @@ def test_async_llm_sleep_checked_in_engine_core(runs, method):
     assert sleeps[0]["measured"] == "device" and sleeps[0]["freed"] >= 0.9 * sleeps[0]["tracked"] > 10 * GiB
     if method == "spawn":  # reached through the bootstrap on PYTHONPATH: the child activated itself
         assert any(r["event"] == "activate" and r["pid"] == core and r["ppid"] == parent for r in on["trace"])
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_wake_of_both_tags_after_the_weights_reaches_the_engine_core(runs, method):
+    """``wake_up(["weights"])`` then ``wake_up(["weights", "kv_cache"])`` on an ``AsyncLLM``: vLLM's executor
+    drops the second (weights is awake), the KV cache stays unmapped and 0.24's engine core never resumes its
+    scheduler (the stand-in raises where vLLM would wait forever). The shim passes ["kv_cache"] in the core."""
+    on, off = runs
+    core = on["R"]["core"][method]
+    dropped = [e for e in off["events"] if e["event"] == "executor_guard" and e["what"] == "wake_up"]
+    assert [e["pid"] for e in dropped] == [off["R"]["core"]["fork"]], off["events"]
+    assert "sleeping" in off["R"]["after"]["fork"], off["R"]
+    assert on["R"]["after"][method] == on["R"]["tokens"]
+    assert not [e for e in on["events"] if e["event"] == "executor_guard" and e["pid"] == core]
+    wakes = [r for r in on["trace"] if r["event"] == "wake" and r["pid"] == core]
+    assert [r["tags"] for r in wakes[-2:]] == [["weights"], ["kv_cache"]], wakes
 
 
 def test_ineffective_sleep_in_engine_core_warns(runs):

@@ -1,5 +1,6 @@
 # The trainer process of test_engine_core.py: AsyncLLM engines whose engine core runs in its own process
-# (spawn or fork), each with sleep/wake cycles, then (TEST_IN_PROCESS=1) an in-process LLM with 2 cycles; prints
+# (spawn or fork), each with sleep/wake cycles (the second wakes the weights, then both tags) and one rollout
+# after them (R["after"]: its tokens or its error), then (TEST_IN_PROCESS=1) an in-process LLM with 2 cycles; prints
 # R (its pid, each engine core's pid, the first tokens). TEST_ENGINES: the engines, comma-separated
 # ("spawn", "fork", "nosleep-fork": built without sleep mode).
 import asyncio
@@ -19,11 +20,20 @@ async def cycles(name, sleep_mode, n):
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=MODEL, enable_sleep_mode=sleep_mode,
                                                        gpu_memory_utilization=0.5))
     R["core"][name] = engine.engine_core.engine_pid
-    for _ in range(n):
+    for i in range(n):
         async for out in engine.generate({"prompt_token_ids": [3, 10, 11]}, SP, "r0"):
             R.setdefault("tokens", list(out.outputs[0].token_ids))
         await engine.sleep(1)
-        await engine.wake_up()
+        if i == 1:  # the weights woken for a push, then both tags for the rollout (vLLM drops that wake)
+            await engine.wake_up(["weights"])
+            await engine.wake_up(["weights", "kv_cache"])
+        else:
+            await engine.wake_up()
+    try:  # a rollout after the last wake: tokens, or the error of an engine left asleep
+        async for out in engine.generate({"prompt_token_ids": [3, 10, 11]}, SP, "r1"):
+            R.setdefault("after", {})[name] = list(out.outputs[0].token_ids)
+    except Exception as exc:
+        R.setdefault("after", {})[name] = f"{type(exc).__name__}: {exc}"
     engine.shutdown()
 
 async def main():
