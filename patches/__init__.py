@@ -46,6 +46,8 @@ INDEX = (
     # the worker's guard before its check (the check's wrapper outside, as on LLMEngine)
     ("vllm-worker-sleep-guard", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
     ("vllm-worker-sleep-check", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
+    ("vllm-ascend-worker-sleep-guard", "vllm_sleep_guard", "vllm_ascend.worker.worker"),
+    ("vllm-ascend-worker-sleep-check", "vllm_sleep_guard", "vllm_ascend.worker.worker"),
     ("vllm-core-wake-plan", "vllm_sleep_guard", "vllm.v1.engine.core"),
     ("trl-vlm-encoder-cache", "trl_vlm_encoder_cache", "trl.generation.vllm_generation"),
     ("trl-online-dpo-encoder-cache", "trl_vlm_encoder_cache", "trl.experimental.online_dpo.online_dpo_trainer"),

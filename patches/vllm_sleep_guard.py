@@ -5,7 +5,8 @@ Upstream: modelscope/ms-swift#6636 (first sleep frees 0.00 GiB on Ascend); pytor
           PYTORCH_CUDA_ALLOC_CONF up to 0.32.x (0.33 reads every route); vllm-ascend's CaMemAllocator
           asserts on the PYTORCH_NPU_ALLOC_CONF string and never toggles (every release so far)
 Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <0.33 on torch builds that
-          bypass, and every vllm-ascend on NPU; verification, per-tag wake and telemetry: every release)
+          bypass, and every vllm-ascend on NPU; verification, per-tag wake and telemetry: every release);
+          vllm-ascend >=0.13.0rc1 (its NPUWorker, vllm_ascend.worker.worker)
 Remove:   guard when the shim's minimum vLLM is >=0.33 and vllm-ascend toggles expandable segments itself;
           the verification and telemetry have no upstream equivalent
 
@@ -36,6 +37,11 @@ wrappers above see no executor (``shim.vllm.worker_check``):
 - ``vllm-worker-sleep-check`` (``__init__``, ``sleep``, ``wake_up``): the sleep check on the
   worker's own state, records with the worker process's pid. Where an in-process engine's check
   acts on the same sleep (TRL / ms-swift colocate), the worker's passes through: one record per sleep.
+
+The same two on vllm-ascend's ``vllm_ascend.worker.worker.NPUWorker`` (``vllm-ascend-worker-sleep-guard``,
+``vllm-ascend-worker-sleep-check``): it subclasses vLLM's ``WorkerBase``, not ``Worker`` (0.23.0
+``worker.py:89``), and defines ``__init__``, ``sleep``, ``wake_up``, ``load_model`` and
+``initialize_from_config`` itself, so the records on ``Worker`` never reach it.
 
 One on ``vllm.v1.engine.core.EngineCore`` (``shim.vllm.core_wake``), in whatever process holds the
 executor:
@@ -90,31 +96,44 @@ _WORKER_GUARDED = ("load_model", "initialize_from_config", "wake_up")
 _WORKER_CHECKED = ("__init__", "sleep", "wake_up")
 
 
-def _probe_worker(names):
+def _probe_worker(names, class_name="Worker", own=False):
+    """``own``: the class itself must define ``names`` (NPUWorker: what it inherits is not the method the
+    records are written for)."""
     def probe(module):
-        worker = getattr(module, "Worker", None)
+        worker = getattr(module, class_name, None)
         if worker is None:
-            return changed("no Worker")
+            return changed(f"no {class_name}")
+        missing = [n for n in names if not callable(vars(worker).get(n))] if own else []
+        if missing:
+            return changed(f"{class_name} defines no {', '.join(missing)}")
         return _shape(worker, names) or _no_device()
 
     return probe
 
 
-def _apply_worker_guard(module, patcher):
-    from shim.vllm import alloc_guard, engine_guard, memory, worker_check
+def _worker_guard(class_name):
+    def apply(module, patcher):
+        from shim.vllm import alloc_guard, engine_guard, memory, worker_check
 
-    alloc_guard.track_live_setting(memory.probe(), patcher)
-    for name in ("load_model", "initialize_from_config"):
-        patcher.wrap(module.Worker, name, worker_check.guard_alloc)
-    patcher.wrap(module.Worker, "wake_up", engine_guard.guard_wake)  # the engine's wake guard serves a worker too
+        worker = getattr(module, class_name)
+        alloc_guard.track_live_setting(memory.probe(), patcher)
+        for name in ("load_model", "initialize_from_config"):
+            patcher.wrap(worker, name, worker_check.guard_alloc)
+        patcher.wrap(worker, "wake_up", engine_guard.guard_wake)  # the engine's wake guard serves a worker too
+
+    return apply
 
 
-def _apply_worker_check(module, patcher):
-    from shim.vllm import worker_check
+def _worker_check(class_name):
+    def apply(module, patcher):
+        from shim.vllm import worker_check
 
-    patcher.wrap(module.Worker, "__init__", worker_check.check_init)
-    patcher.wrap(module.Worker, "sleep", worker_check.check_sleep)
-    patcher.wrap(module.Worker, "wake_up", worker_check.check_wake)
+        worker = getattr(module, class_name)
+        patcher.wrap(worker, "__init__", worker_check.check_init)
+        patcher.wrap(worker, "sleep", worker_check.check_sleep)
+        patcher.wrap(worker, "wake_up", worker_check.check_wake)
+
+    return apply
 
 
 def _probe_core(module):
@@ -203,7 +222,7 @@ WORKER_GUARD = Patch(
     distribution="vllm",
     affected=_AFFECTED,
     module="vllm.v1.worker.gpu_worker",
-    apply=_apply_worker_guard,
+    apply=_worker_guard("Worker"),
     probe=_probe_worker(_WORKER_GUARDED),
     summary="as vllm-sleep-guard, in the worker's process (AsyncLLM / multiprocessing engine core): "
             "Worker.load_model, initialize_from_config and wake_up",
@@ -218,11 +237,38 @@ WORKER_CHECK = Patch(
     distribution="vllm",
     affected=_AFFECTED,
     module="vllm.v1.worker.gpu_worker",
-    apply=_apply_worker_check,
+    apply=_worker_check("Worker"),
     probe=_probe_worker(_WORKER_CHECKED),
     summary="as vllm-sleep-check, on vLLM's Worker where the memory lives (the engine-core process of AsyncLLM); "
             "passes through where an in-process engine's check acts (one record per sleep)",
     verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked; in-process LLM",
+)
+
+NPU_WORKER_GUARD = Patch(
+    id="vllm-ascend-worker-sleep-guard",
+    tested_at=("vllm-npu", "0.24.0"),
+    issue=_ISSUE,
+    distribution="vllm-ascend",
+    affected=">=0.13.0rc1",
+    module="vllm_ascend.worker.worker",
+    apply=_worker_guard("NPUWorker"),
+    probe=_probe_worker(_WORKER_GUARDED, "NPUWorker", own=True),
+    summary="as vllm-worker-sleep-guard, on vllm-ascend's NPUWorker (its own methods: the records on Worker miss it)",
+    verified="CPU: vLLM stand-in in NPU mode, AsyncLLM engine core forked",
+)
+
+NPU_WORKER_CHECK = Patch(
+    id="vllm-ascend-worker-sleep-check",
+    tested_at=("vllm-npu", "0.24.0"),
+    kind="check",
+    issue=_ISSUE,
+    distribution="vllm-ascend",
+    affected=">=0.13.0rc1",
+    module="vllm_ascend.worker.worker",
+    apply=_worker_check("NPUWorker"),
+    probe=_probe_worker(_WORKER_CHECKED, "NPUWorker", own=True),
+    summary="as vllm-worker-sleep-check, on vllm-ascend's NPUWorker",
+    verified="CPU: vLLM stand-in in NPU mode, AsyncLLM engine core forked; in-process LLM",
 )
 
 CORE_WAKE = Patch(
@@ -239,4 +285,4 @@ CORE_WAKE = Patch(
     verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked (weights woken, then both tags)",
 )
 
-PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK, CORE_WAKE]
+PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK, NPU_WORKER_GUARD, NPU_WORKER_CHECK, CORE_WAKE]

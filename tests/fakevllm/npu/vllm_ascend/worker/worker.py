@@ -19,6 +19,12 @@ after the allocator restored the weights, ``wake_up`` (unquantized model, a wake
 whose dim 1 is with a NEW Parameter holding ``param.transpose(1, 2)`` -- on weights already in the
 processed layout (``vllm_ascend.ops.fused_moe``), so they leave it.
 
+Own methods: the real ``NPUWorker`` subclasses vLLM's ``WorkerBase``, not ``gpu_worker.Worker`` (0.23.0
+``worker.py:89``), and defines ``__init__`` (:90), ``sleep`` (:216), ``wake_up`` (:241), ``load_model`` (:681)
+and ``initialize_from_config`` (:907) itself, so a wrapper on vLLM's ``Worker`` reaches none of them. The
+stand-in shares ``Worker``'s code but keeps its own copies (``gpu_worker.OWN``, taken before any wrapper) and
+its own ``sleep``, which never calls ``Worker.sleep``.
+
 Real code: with ``FAKEVLLM_ASCEND_WORKER_SRC`` set to a real ``vllm_ascend/worker/worker.py`` (from a
 vllm-ascend wheel), ``NPUWorker.wake_up`` IS that file's method (``vllm._fake.real_code``), run
 against this stand-in's allocator, config and model."""
@@ -28,6 +34,7 @@ import torch
 from packaging.version import Version
 from vllm import _fake
 from vllm._fake.device import DEVICE
+from vllm.v1.worker import gpu_worker
 from vllm.v1.worker.gpu_worker import Worker
 
 
@@ -49,11 +56,28 @@ class NPUWorker(Worker):
     def _workspace_bytes(self) -> int:
         return int(float(os.environ.get("FAKEVLLM_NPU_WORKSPACE_MB") or 0) * 2**20)
 
+    __init__ = gpu_worker.OWN["__init__"]
+    load_model = gpu_worker.OWN["load_model"]
+    initialize_from_config = gpu_worker.OWN["initialize_from_config"]
+
     def sleep(self, level: int = 1) -> None:
+        """vllm-ascend 0.23.0 ``NPUWorker.sleep``: the level-2 buffers saved, ``CaMemAllocator.sleep``, the
+        freed-bytes log line (``enable_sleep_mode_extra_cleanup`` off)."""
         if self._workspace is not None:
             DEVICE.free(self._workspace)
             self._workspace = None
-        super().sleep(level)
+        free_bytes_before_sleep = self._mem_get_info()[0]
+        if level == 2:
+            model = self.model_runner.model
+            self._sleep_saved_buffers = {name: buffer.cpu().clone() for name, buffer in model.named_buffers()}
+        allocator = self._allocator()
+        allocator.sleep(offload_tags=("weights",) if level == 1 else tuple())
+        free_bytes_after_sleep, total = self._mem_get_info()
+        freed_bytes = free_bytes_after_sleep - free_bytes_before_sleep
+        used_bytes = total - free_bytes_after_sleep
+        assert freed_bytes >= 0, "Memory usage increased after sleeping."
+        _fake.log_event("worker_sleep", level=level, freed_bytes=freed_bytes, used_bytes=used_bytes,
+                        pool_bytes=allocator.get_current_usage())
 
     def wake_up(self, tags=None) -> None:
         """vllm-ascend 0.23.0 ``NPUWorker.wake_up``: allocator wake, then the level-2 buffer restore

@@ -188,3 +188,8 @@ class Worker(WorkerBase):
         if self.model_runner.lora_manager is None:
             return set()
         return self.model_runner.list_loras()
+
+
+OWN = {name: vars(Worker)[name] for name in ("__init__", "load_model", "initialize_from_config")}
+"""Worker's own functions, taken before anything wraps the class: vllm-ascend's ``NPUWorker`` (the stand-in's
+shares this code) defines these itself, so a wrapper on ``Worker`` must not reach it (``vllm_ascend.worker.worker``)."""
