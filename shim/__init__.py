@@ -9,8 +9,17 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def activate() -> bool:
-    """Turn the shim on in this process. Idempotent; never raises (except under SHIM_STRICT=1).
+def activate(*, reach_children: bool = True) -> bool:
+    """Turn the shim on in this process, and in the Python processes it starts from now on.
+    Idempotent; never raises (except under SHIM_STRICT=1).
+
+    ``reach_children``: the bootstrap directory goes first on this process's ``PYTHONPATH``
+    (``os.environ``), as ``python -m shim`` puts it there, so a process started by multiprocessing
+    spawn or forkserver -- vLLM's engine core of ``AsyncLLM`` / multiprocessing ``LLM`` with
+    ``VLLM_WORKER_MULTIPROC_METHOD=spawn``, the method vLLM switches to once CUDA is initialised --
+    activates itself too (:func:`_reach_children`). A forked child inherits the activation anyway.
+    ``python -m shim install``'s start-up line passes False: every interpreter of that environment
+    activates already.
 
     Returns True when active. A bad environment switch is reported in one line
     on stderr and leaves the shim off (the user's program still runs). Under
@@ -36,6 +45,8 @@ def activate() -> bool:
             raise
         print(f"[shim] ERROR activation failed: {type(exc).__name__}: {exc}; shim not activated", file=sys.stderr)
         return False
+    if active and reach_children:
+        _reach_children()
     trace = config.trace_path()
     if active and first and trace:
         from shim.observe import events
@@ -45,6 +56,38 @@ def activate() -> bool:
         except OSError as exc:
             log.warning(f"cannot write SHIM_TRACE={trace}: {exc}")
     return active
+
+
+def bootstrap_dir() -> str:
+    """The directory holding only the bootstrap ``sitecustomize.py`` (``shim/_bootstrap``)."""
+    import os
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+
+
+def _reach_children() -> None:
+    """The bootstrap directory first on ``os.environ["PYTHONPATH"]``, unless it is on it already
+    (``python -m shim``, an earlier call); the user's entries follow unchanged (an empty value adds no
+    empty entry, which would put the current directory on the children's path). The change is what
+    every child started later sees (``os.environ`` writes through to the process environment);
+    nothing changes for this process's own ``sys.path``. A failure is one WARNING: the user's import
+    goes on and this process stays active (under SHIM_STRICT=1 it raises)."""
+    import os
+
+    from shim.engine import config, log
+
+    try:
+        here = bootstrap_dir()
+        value = os.environ.get("PYTHONPATH", "")
+        entries = [p for p in value.split(os.pathsep) if p]
+        if any(os.path.abspath(p) == here for p in entries):
+            return
+        os.environ["PYTHONPATH"] = here + (os.pathsep + value if value else "")
+    except Exception as exc:
+        if config.strict():
+            raise
+        log.warning(f"child processes not reached: PYTHONPATH unchanged ({type(exc).__name__}: {exc}); "
+                    f"start the program with `python -m shim` to reach spawned engine cores")
 
 
 def is_active() -> bool:

@@ -15,7 +15,9 @@ _RUN_FLAGS = {"--strict": "SHIM_STRICT", "--debug": "SHIM_DEBUG", "--verify-weig
 
 
 def bootstrap_dir() -> str:
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bootstrap")
+    from shim import bootstrap_dir as shared  # the same directory ``shim.activate`` puts on PYTHONPATH
+
+    return shared()
 
 
 def fail(message: str, code: int = 2) -> int:

@@ -26,8 +26,30 @@ def test_import_auto_imports_no_upstream():
 
 
 def test_disabled_env_turns_auto_off():
-    proc = run_python("import shim.auto, shim; print(shim.is_active())", env=clean_env(SHIM_DISABLED="1"))
-    assert proc.stdout.strip() == "False"
+    proc = run_python("import os, shim.auto, shim; print(shim.is_active(), shim.bootstrap_dir() in os.environ['PYTHONPATH'])",
+                      env=clean_env(SHIM_DISABLED="1"))
+    assert proc.stdout.strip() == "False False"  # nor are its children reached
+
+
+def test_auto_puts_the_bootstrap_first_on_pythonpath_for_children(monkeypatch):
+    """What ``import shim.auto`` leaves for the processes it starts (a spawned engine core: the scenario is
+    tests/patches/vllm_sleep_guard/test_engine_core.py): the bootstrap first, the user's entries unchanged after
+    it, no empty entry (the current directory) added, nothing added twice."""
+    import shim
+
+    boot = shim.bootstrap_dir()
+    assert (Path(boot) / "sitecustomize.py").is_file() and os.listdir(boot) in (["sitecustomize.py"],
+                                                                                ["sitecustomize.py", "__pycache__"],
+                                                                                ["__pycache__", "sitecustomize.py"])
+    for before, after in ((None, boot), ("", boot), ("a" + os.pathsep + os.pathsep + "b", os.pathsep.join([boot, "a", "", "b"])),
+                          (os.pathsep.join(["x", boot]), os.pathsep.join(["x", boot]))):
+        if before is None:
+            monkeypatch.delenv("PYTHONPATH", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONPATH", before)
+        shim._reach_children()
+        shim._reach_children()
+        assert os.environ["PYTHONPATH"] == after, before
 
 
 def test_run_reaches_child_and_grandchild():

@@ -39,7 +39,8 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
 
 
-def _start(model_dir: str, folder, shim: bool, engines: str, in_process: bool):
+def _start(model_dir: str, folder, shim: "str | None", engines: str, in_process: bool):
+    """``shim``: "cli" (``python -m shim --trace``), "auto" (``import shim.auto`` in the program, ``SHIM_TRACE``) or None."""
     env = clean_env(TEST_MODEL=model_dir, TEST_ENGINES=engines, FAKEVLLM_TORCH="old",
                     PYTORCH_ALLOC_CONF="expandable_segments:True", FAKEVLLM_EVENTS=str(folder / "events.jsonl"),
                     VLLM_LOGGING_LEVEL="ERROR", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -49,8 +50,10 @@ def _start(model_dir: str, folder, shim: bool, engines: str, in_process: bool):
     if in_process:
         env["TEST_IN_PROCESS"] = "1"
     env["PYTHONPATH"] = f"{site('0.24.0', 'cuda')}:{REPO}"
-    command = [sys.executable, "-c", PROGRAM.read_text()]
-    if shim:
+    if shim == "auto":
+        env.update(TEST_AUTO="1", SHIM_TRACE=str(folder / "trace.jsonl"))
+    command = [sys.executable, "-c", PROGRAM.read_text()]  # -c: a spawned child does not re-run the program
+    if shim == "cli":
         command = [sys.executable, "-m", "shim", "--trace", str(folder / "trace.jsonl")] + command
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=str(REPO))
@@ -69,13 +72,21 @@ def _result(proc, folder) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(model_dir, tmp_path_factory):
-    """``(on, off)``, run at the same time. Shim on: engines spawned and forked, B (no sleep mode, forked),
-    the in-process LLM. Shim off: the forked engine A, B and the in-process LLM."""
-    on_dir, off_dir = tmp_path_factory.mktemp("on"), tmp_path_factory.mktemp("off")
-    on = _start(model_dir, on_dir, True, "spawn,fork,nosleep-fork", True)
-    off = _start(model_dir, off_dir, False, "fork,nosleep-fork", True)
-    return _result(on, on_dir), _result(off, off_dir)
+def all_runs(model_dir, tmp_path_factory):
+    """``(on, off, auto)``, run at the same time. Shim on (``python -m shim``): engines spawned and forked, B
+    (no sleep mode, forked), the in-process LLM. Shim off: the forked engine A, B and the in-process LLM.
+    ``import shim.auto`` in the program: an engine core spawned with the PYTHONPATH the import found, then one
+    spawned after it."""
+    on_dir, off_dir, auto_dir = (tmp_path_factory.mktemp(n) for n in ("on", "off", "auto"))
+    on = _start(model_dir, on_dir, "cli", "spawn,fork,nosleep-fork", True)
+    off = _start(model_dir, off_dir, None, "fork,nosleep-fork", True)
+    auto = _start(model_dir, auto_dir, "auto", "unreached-spawn,spawn", False)
+    return _result(on, on_dir), _result(off, off_dir), _result(auto, auto_dir)
+
+
+@pytest.fixture(scope="module")
+def runs(all_runs):
+    return all_runs[:2]
 
 
 def _sleeps(run, pid):
@@ -149,6 +160,21 @@ def test_in_process_llm_one_record_per_sleep(runs):
     assert all(r["effective"] for r in sleeps)
     wakes = [r for r in on_fork["trace"] if r["event"] == "wake" and r["pid"] == parent]
     assert len(wakes) == 2
+
+
+def test_import_shim_auto_reaches_a_spawned_engine_core(all_runs):
+    """``import shim.auto`` alone (no ``python -m shim``), ``VLLM_WORKER_MULTIPROC_METHOD=spawn``: the engine
+    core is a new interpreter. With the PYTHONPATH the import found (what every release before this one left),
+    it never activates: its sleeps are unchecked. With the bootstrap directory the import put first on it, the
+    core activates itself and its worker's sleep records carry the core's pid."""
+    auto = all_runs[2]
+    parent, core, unreached = auto["R"]["parent"], auto["R"]["core"]["spawn"], auto["R"]["core"]["unreached-spawn"]
+    assert len(_worker_sleeps(auto, unreached)) == 1  # it slept, unseen:
+    assert not [r for r in auto["trace"] if r["pid"] == unreached]
+    assert any(r["event"] == "activate" and r["pid"] == core and r["ppid"] == parent for r in auto["trace"])
+    sleeps = _sleeps(auto, core)
+    assert len(sleeps) == 2 and all(r["engine"].startswith("Worker#") and r["effective"] for r in sleeps)
+    assert auto["R"]["after"]["spawn"] == auto["R"]["tokens"]
 
 
 def test_report_groups_engine_cores_under_the_run(runs):

@@ -2,10 +2,16 @@
 # (spawn or fork), each with sleep/wake cycles (the second wakes the weights, then both tags) and one rollout
 # after them (R["after"]: its tokens or its error), then (TEST_IN_PROCESS=1) an in-process LLM with 2 cycles; prints
 # R (its pid, each engine core's pid, the first tokens). TEST_ENGINES: the engines, comma-separated
-# ("spawn", "fork", "nosleep-fork": built without sleep mode).
+# ("spawn", "fork", "nosleep-fork": built without sleep mode; "unreached-spawn": with TEST_AUTO=1, the engine core
+# started with the PYTHONPATH found before `import shim.auto`).
 import asyncio
 import json
 import os
+
+if os.environ.get("TEST_AUTO"):  # the shim from the script alone (no `python -m shim`)
+    BEFORE = os.environ.get("PYTHONPATH", "")
+    import shim.auto  # noqa: F401
+    AFTER = os.environ.get("PYTHONPATH", "")
 
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -17,8 +23,12 @@ R = {"parent": os.getpid(), "core": {}}
 
 async def cycles(name, sleep_mode, n):
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = name.split("-")[-1]  # read at each engine core's start
+    if name.startswith("unreached"):  # the environment `import shim.auto` found: as before the shim reached children
+        os.environ["PYTHONPATH"] = BEFORE
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=MODEL, enable_sleep_mode=sleep_mode,
                                                        gpu_memory_utilization=0.5))
+    if name.startswith("unreached"):
+        os.environ["PYTHONPATH"] = AFTER
     R["core"][name] = engine.engine_core.engine_pid
     for i in range(n):
         async for out in engine.generate({"prompt_token_ids": [3, 10, 11]}, SP, "r0"):
@@ -38,7 +48,7 @@ async def cycles(name, sleep_mode, n):
 
 async def main():
     for name in os.environ["TEST_ENGINES"].split(","):
-        await cycles(name, not name.startswith("nosleep"), 1 if name.startswith("nosleep") else 2)
+        await cycles(name, not name.startswith("nosleep"), 1 if name.startswith(("nosleep", "unreached")) else 2)
 
 asyncio.run(main())
 if os.environ.get("TEST_IN_PROCESS"):
