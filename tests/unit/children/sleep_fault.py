@@ -11,7 +11,11 @@ if TYPE_CHECKING:  # defined by the prelude this body follows
 VALUE = os.environ["TEST_VALUE"]
 
 from vllm.device_allocator.cumem import CuMemAllocator
-from vllm.v1.worker.gpu_worker import Worker
+
+if os.environ.get("FAKEVLLM_DEVICE") == "npu":  # vllm-ascend's NPUWorker defines load_model itself
+    from vllm_ascend.worker.worker import NPUWorker as Worker
+else:
+    from vllm.v1.worker.gpu_worker import Worker
 
 from shim.vllm import sleep_state
 
