@@ -2,8 +2,9 @@
 # (spawn or fork), each with sleep/wake cycles (the second wakes the weights, then both tags) and one rollout
 # after them (R["after"]: its tokens or its error), then (TEST_IN_PROCESS=1) an in-process LLM with 2 cycles; prints
 # R (its pid, each engine core's pid, the first tokens). TEST_ENGINES: the engines, comma-separated
-# ("spawn", "fork", "nosleep-fork": built without sleep mode; "unreached-spawn": with TEST_AUTO=1, the engine core
-# started with the PYTHONPATH found before `import shim.auto`).
+# ("spawn", "fork", "nosleep-fork": built without sleep mode). TEST_AUTO=1: the shim from `import shim.auto` in
+# this program, and R["spawned_active"]: whether a bare spawned child activates with the PYTHONPATH found before
+# the import and with the one after it.
 import asyncio
 import json
 import os
@@ -23,12 +24,8 @@ R = {"parent": os.getpid(), "core": {}}
 
 async def cycles(name, sleep_mode, n):
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = name.split("-")[-1]  # read at each engine core's start
-    if name.startswith("unreached"):  # the environment `import shim.auto` found: as before the shim reached children
-        os.environ["PYTHONPATH"] = BEFORE
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=MODEL, enable_sleep_mode=sleep_mode,
                                                        gpu_memory_utilization=0.5))
-    if name.startswith("unreached"):
-        os.environ["PYTHONPATH"] = AFTER
     R["core"][name] = engine.engine_core.engine_pid
     for i in range(n):
         async for out in engine.generate({"prompt_token_ids": [3, 10, 11]}, SP, "r0"):
@@ -48,8 +45,20 @@ async def cycles(name, sleep_mode, n):
 
 async def main():
     for name in os.environ["TEST_ENGINES"].split(","):
-        await cycles(name, not name.startswith("nosleep"), 1 if name.startswith(("nosleep", "unreached")) else 2)
+        await cycles(name, not name.startswith("nosleep"), 1 if name.startswith("nosleep") else 2)
 
+if os.environ.get("TEST_AUTO"):  # R["spawned_active"]: a bare spawned child, PYTHONPATH as the import found it / left it
+    import multiprocessing
+
+    R["spawned_active"] = {}
+    for label, value in (("before", BEFORE), ("after", AFTER)):
+        os.environ["PYTHONPATH"] = value
+        child = multiprocessing.get_context("spawn").Process(
+            target=exec, args=("import sys, shim; sys.exit(0 if shim.is_active() else 3)",))
+        child.start()
+        child.join()
+        R["spawned_active"][label] = child.exitcode == 0
+    os.environ["PYTHONPATH"] = AFTER
 asyncio.run(main())
 if os.environ.get("TEST_IN_PROCESS"):
     llm = LLM(model=MODEL, enable_sleep_mode=True, gpu_memory_utilization=0.5,
