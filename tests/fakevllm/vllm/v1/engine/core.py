@@ -57,6 +57,9 @@ class EngineCore:
         self._req_counter = itertools.count()
         from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
         self.encoder_cache_manager = EncoderCacheManager()
+        from vllm.utils import gc_utils
+        if gc_utils.ENGINE_CORE_FREEZES:  # 0.24.0 core.py:232
+            gc_utils.freeze_gc_heap()
 
     # the in-process engine's request and cache code, on this core's own state
     run_requests = LLMEngine.run_requests
@@ -98,6 +101,8 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.model_executor.shutdown()
+        import gc
+        gc.unfreeze()  # 0.24.0 core.py:652-656: the startup heap visible to the collector again
 
 
 class EngineCoreProc(EngineCore):

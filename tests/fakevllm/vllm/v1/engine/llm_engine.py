@@ -46,6 +46,9 @@ class LLMEngine:
         self._req_counter = itertools.count()
         from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
         self.encoder_cache_manager = EncoderCacheManager()
+        from vllm.utils import gc_utils
+        if gc_utils.ENGINE_CORE_FREEZES:  # the in-process engine is its own core: EngineCore.__init__'s freeze
+            gc_utils.freeze_gc_heap()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context=None, stat_loggers=None,

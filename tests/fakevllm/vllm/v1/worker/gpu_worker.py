@@ -100,6 +100,9 @@ class Worker(WorkerBase):
             self.model_runner.initialize_kv_cache(kv_cache_bytes)
 
     def compile_or_warm_up_model(self) -> None:
+        from vllm.utils import gc_utils
+        if gc_utils.WORKER_FREEZES:  # 0.24.0 gpu_worker.py:774, after the warm-up
+            gc_utils.freeze_gc_heap()
         return None
 
     def get_model(self):
