@@ -180,7 +180,7 @@ def _probe_worker(module):
 def _apply_worker(module, patcher):
     from shim.verl import verify_weights
 
-    patcher.set(module.Worker, verify_weights.WORKER_METHOD, verify_weights.worker_digests)
+    patcher.set(module.Worker, verify_weights.WORKER_METHOD, verify_weights.WorkerMethod())
 
 
 VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0 and 0.9.0 ServerAdapter.update_weights -> vLLMHttpServer (collective_rpc, "

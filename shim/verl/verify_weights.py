@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import types
 import weakref
 
 from shim.engine import call_args, config, log
@@ -64,6 +65,16 @@ def worker_digests(self, request: dict) -> dict:
     runner = self.model_runner
     get_model = getattr(runner, "get_model", None)  # unwraps vLLM's CUDA-graph wrapper
     return compare.fingerprint(get_model() if callable(get_model) else runner.model, request)
+
+
+class WorkerMethod:
+    """What the record puts at ``Worker.shim_weight_digests``: a descriptor whose instances get
+    :func:`worker_digests` bound. Not a function: the method is the shim's own (no upstream attribute under it),
+    so a function wrapper stacked on it by someone else could not be re-pointed to anything when the shim is
+    removed; a descriptor on the class is not callable, nobody wraps it, and the removal is exact."""
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else types.MethodType(worker_digests, instance)
 
 
 # ---------------------------------------------------------------------------

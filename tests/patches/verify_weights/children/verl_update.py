@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import torch
 import verl.workers.rollout.vllm_rollout.vllm_async_server as vas
 import verl.workers.rollout.vllm_rollout.vllm_rollout as vro
-from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer
 from transformers import AutoModelForCausalLM
 from verl.workers.rollout.replica import RolloutMode
+from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.worker import gpu_model_runner, gpu_worker
