@@ -178,6 +178,12 @@ def _trainer_half_down(decisions: dict) -> "str | None":
     return None
 
 
+def cannot_verify(engine: str, why: str) -> None:
+    """Note that ``engine`` cannot be verified in this process (``status``: ``requested, not running: <why>``)."""
+    with _lock:
+        _reasons.setdefault(engine, why)
+
+
 def unverifiable(llm, target: "Target | None", why: str) -> None:
     """One rollout that was asked to be verified and was not: counted; one WARNING per reason."""
     name = engine_name(llm) if llm is not None else "?"

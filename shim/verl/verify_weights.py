@@ -242,6 +242,7 @@ def _unverifiable(engine: "Engine | None", why: str, disable: bool = True) -> No
                                      "as shim/rollouts_unverifiable")
     if disable and engine is not None and not engine.disabled:
         engine.disabled = why
+        weights.cannot_verify("verl rollout", why)
 
 
 NO_SERVER_HALF = ("the rollout server returned no digests: the shim's server half (verify-weights-verl-server) "
