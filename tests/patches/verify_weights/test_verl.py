@@ -63,7 +63,7 @@ def test_a_tensor_that_does_not_land_is_reported_a_clean_or_partial_update_is_no
     assert r["partial"]["differs"] and r["partial"]["counts"] == {"verified": 1, "stale": 0, "unverifiable": 0}, r
     assert stale_warnings(r["partial"]) == [], r
     assert r["strict"]["raised"] == "StaleWeights" and r["strict"]["counts"]["stale"] == 1, r
-    assert r["status"] is None, r  # running
+    assert r["strict"]["status"] is None, r  # running
 
 
 def test_without_the_server_half_every_update_is_unverifiable_never_verified(tmp_path):
@@ -82,4 +82,4 @@ def test_without_the_server_half_every_update_is_unverifiable_never_verified(tmp
     assert "verify-weights-verl-server" in warning and "vLLMHttpServer" in warning, warning
     assert not [w for w in r["second"]["warnings"] if "unverifiable" in w], r  # once per reason
     assert err.count("but unverifiable") == 1, err
-    assert "verify-weights-verl-server" in r["status"], r  # python -m shim status: requested, not running
+    assert "verify-weights-verl-server" in r["second"]["status"], r  # python -m shim status: requested, not running

@@ -6,8 +6,8 @@ verl's ``vLLMColocateWorkerExtension.update_weights_from_ipc`` in the worker) on
 engine has none),
 "env": variables set for it}``; each is one trainer step (every trainer weight + 0.01) and one
 ``update_weights``. Prints ``{phase: {"differs": the engine tensors that are not the trainer's (read in the
-worker), "counts": the verdicts it added, "warnings": the shim's WARNINGs, "raised": an exception's type},
-"status": why ``python -m shim status`` says verify-weights-verl is not running}``."""
+worker), "counts": the verdicts it added, "warnings": the shim's WARNINGs, "raised": an exception's type,
+"status": why ``python -m shim status`` would say verify-weights-verl is not running}}``."""
 import asyncio
 import functools
 import inspect
@@ -191,10 +191,10 @@ def main():
                 traceback.print_exc()
         after = counts()
         out[phase["name"]] = {"differs": engine_differs(srv, model), "warnings": list(caught.messages),
-                              "counts": {k: v - before.get(k, 0) for k, v in after.items()}, "raised": raised}
+                              "counts": {k: v - before.get(k, 0) for k, v in after.items()}, "raised": raised,
+                              "status": weights_module().not_running_reason("verify-weights-verl")}
         for k in phase.get("env", {}):
             os.environ.pop(k, None)
-    out["status"] = weights_module().not_running_reason("verify-weights-verl") if "shim" in sys.modules else None
     on_server(_shutdown(srv))
     print(json.dumps(out))
 
