@@ -119,7 +119,9 @@ class Update:
         self.unmatched: list = []   # streamed names no engine parameter holds
         self.failed = ""
         self.seconds = 0.0
-        self.spec = None if mode == config.VERIFY_EXACT else [_compare().ELEMENTS, engine.updates]
+        from shim.verify import compare
+
+        self.spec = None if mode == config.VERIFY_EXACT else [compare.ELEMENTS, engine.updates]
 
     def watch(self, weights):
         """``weights`` (verl's generator or async iterator of ``(name, tensor)``) digesting each as it passes."""
@@ -149,6 +151,8 @@ class Update:
         self.seconds += time.perf_counter() - t0
 
     def _digest(self, name: str, tensor) -> None:
+        import torch
+
         from shim.verify import compare, digest, layout
 
         name = layout.trainer_name(name)
@@ -163,7 +167,7 @@ class Update:
             lay = d["layout"]
             view = layout.trainer_view(tensor.detach(), lay, lay["pieces"][k])
             views.append(compare.rows(view, *self.spec) if self.spec else view)
-            dtypes.append(compare._dtype(d["dtype"]))
+            dtypes.append(getattr(torch, d["dtype"]))
         for key, value in zip(targets, digest.digests(views, dtypes)):
             self.want[key] = value
 
@@ -182,12 +186,6 @@ class Update:
                         differ.append(name + tag)
                         break
         return differ + [f"{n} (streamed, not in the engine)" for n in self.unmatched]
-
-
-def _compare():
-    from shim.verify import compare
-
-    return compare
 
 
 def _skipped(name: str, engine: Engine) -> bool:
@@ -273,6 +271,9 @@ async def _check(adapter, engine: Engine, update: Update, step) -> None:
 
     if update.failed:
         _unverifiable(engine, update.failed, disable=False)
+        return
+    if not update.want and not update.unmatched:  # never "verified" for a stream the shim did not see
+        _unverifiable(engine, "the update streamed no tensor through the shim's watch", disable=False)
         return
     names = sorted({name for (_, name, _) in update.want})
     t0 = time.perf_counter()

@@ -85,7 +85,7 @@ def run_case(pid, case):
             if name in vars(owner):
                 delattr(owner, name)
                 out["deleted"].append(f"{getattr(owner, '__name__', owner)}.{name}")
-            else:  # an attribute the patch adds (no upstream one): its owner goes instead
+            elif not hasattr(owner, name):  # an attribute the patch adds (none upstream): its owner goes instead
                 for key, value in list(vars(module).items()):
                     if value is owner:
                         delattr(module, key)

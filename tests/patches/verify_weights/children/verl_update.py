@@ -3,7 +3,7 @@
 verl's ``vLLMColocateWorkerExtension.update_weights_from_ipc`` in the worker) on the stand-in's ``AsyncLLM``
 (engine core in a forked process). ``sys.argv[1]``: JSON list of phases ``{"name", "shim": activate before it,
 "engine_shim": activate it in the engine's process too (default), "drop": a tensor the engine's load leaves out, "only": stream only names containing this (a partial update), "extra": a bias name to stream as well (the
-engine has none),
+engine has none), "async": stream through an async iterator,
 "env": variables set for it}``; each is one trainer step (every trainer weight + 0.01) and one
 ``update_weights``. Prints ``{phase: {"differs": the engine tensors that are not the trainer's (read in the
 worker), "counts": the verdicts it added, "warnings": the shim's WARNINGs, "raised": an exception's type,
@@ -143,6 +143,12 @@ class Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+async def _async(items):
+    """An async iterator of ``(name, tensor)``, as a checkpoint engine's ``receive_weights`` gives verl."""
+    for item in items:
+        yield item
+
+
 def weights_module():
     from shim.verify import weights
     return weights
@@ -180,7 +186,7 @@ def main():
         weights = [(n, p.detach()) for n, p in model.named_parameters() if only in n]
         if phase.get("extra"):  # a tensor the engine has no parameter for (its loader skips it)
             weights.append((phase["extra"], torch.ones(model.config.hidden_size)))
-        weights = iter(weights)
+        weights = _async(weights) if phase.get("async") else iter(weights)
         before, caught.messages, raised = counts(), [], None
         try:
             asyncio.run(ad.update_weights(weights, global_steps=len(out) + 1))
