@@ -186,9 +186,9 @@ def _apply_worker(module, patcher):
 VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0 and 0.9.0 ServerAdapter.update_weights -> vLLMHttpServer (collective_rpc, "
                  "clear_kv_cache) -> verl's BucketedWeightSender/Receiver (ZMQ, shared memory) -> the vLLM stand-in's "
                  "AsyncLLM worker (engine core in a forked process): a tensor the engine leaves out goes unreported "
-                 "without the shim and with the record disabled, is reported (stale weights, StaleWeights with "
-                 "SHIM_STRICT=1) with it; a clean update and a partial update stay silent; without the server half: "
-                 "unverifiable, one WARNING")
+                 "without the shim, is reported (stale weights, StaleWeights with SHIM_STRICT=1) with it, also from "
+                 "an async iterator; a streamed tensor the engine lacks is named; a clean and a partial update stay "
+                 "silent; 0.7.1 with the server half disabled: every update unverifiable, one WARNING, status reason")
 
 
 VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with trl-stale-weights "

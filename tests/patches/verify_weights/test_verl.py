@@ -43,7 +43,8 @@ def test_a_tensor_that_does_not_land_is_reported_a_clean_or_partial_update_is_no
     """Shim off: the engine keeps an old ``down_proj`` and nothing says so. On: a clean update is verified and
     silent; the same fault is one WARNING ``stale weights`` naming the tensor; a streamed tensor the engine has no
     parameter for is named too; a partial update (one layer) is verified, the untouched tensors no false alarm;
-    the fault in a stream that is an async iterator (a checkpoint engine's ``receive_weights``) is reported;
+    the fault in a stream that is an async iterator (a checkpoint engine's ``receive_weights``) is reported, and in
+    ``sample`` mode;
     ``SHIM_STRICT=1`` raises ``StaleWeights`` (after verl's update ran)."""
     r, _ = run(release, [
         {"name": "off", "drop": DROP},
@@ -52,6 +53,7 @@ def test_a_tensor_that_does_not_land_is_reported_a_clean_or_partial_update_is_no
         {"name": "extra", "extra": EXTRA, "env": ON},
         {"name": "partial", "only": "layers.1.", "env": ON},
         {"name": "async", "drop": DROP, "async": True, "env": ON},
+        {"name": "sample", "drop": DROP, "env": {"SHIM_VERIFY_WEIGHTS": "sample"}},
         {"name": "strict", "drop": DROP, "env": {**ON, "SHIM_STRICT": "1"}},
     ], tmp_path)
     assert r["off"]["differs"] == [DROP] and r["off"]["warnings"] == [] and r["off"]["raised"] is None, r  # silent
@@ -65,6 +67,8 @@ def test_a_tensor_that_does_not_land_is_reported_a_clean_or_partial_update_is_no
     assert r["partial"]["differs"] and r["partial"]["counts"] == {"verified": 1, "stale": 0, "unverifiable": 0}, r
     assert stale_warnings(r["partial"]) == [], r
     assert r["async"]["counts"]["stale"] == 1 and len(stale_warnings(r["async"])) == 1, r  # an async iterator too
+    (warning,) = stale_warnings(r["sample"])  # sample mode: strided rows of every streamed tensor
+    assert "(sample digests; first differing: " + DROP in warning, warning
     assert r["strict"]["raised"] == "StaleWeights" and r["strict"]["counts"]["stale"] == 1, r
     assert r["strict"]["status"] is None, r  # running
 
