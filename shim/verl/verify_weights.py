@@ -39,7 +39,6 @@ reason, each such update counted ``unverifiable``, the update itself unchanged.
 """
 from __future__ import annotations
 
-import inspect
 import time
 import types
 import weakref
@@ -305,8 +304,7 @@ def update_weights_wrapper(wrapped, instance, args, kwargs):
     if not mode or instance is None or stream is None or not verifying_rank(instance):
         return wrapped(*args, **kwargs)
     try:
-        # verl's @torch.no_grad() hides the bound signature from call_args (it binds ``self``): by name here
-        bound = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+        bound = call_args.signature(wrapped).bind(*args, **kwargs).arguments
         extra = bound.get("kwargs") or {}  # update_weights(..., **kwargs): what goes to update_weights_from_ipc
         adapter_only = bool(extra.get("peft_config") and extra.get("base_sync_done"))
         step = bound.get("global_steps")
