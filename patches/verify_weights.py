@@ -4,7 +4,8 @@ Upstream: none (users ask for it: vllm RFC #52689, verl#6666, a stale-weights de
           huggingface/trl#5312 comment); catches #5312, the level-2 gaps and any other missing push
 Affects:  only with SHIM_VERIFY_WEIGHTS=1|exact: vllm >=0.8.0 (LLM.generate/chat); trl >=0.28.0
           (VLLMGeneration; OnlineDPO), trl >=0.25.0,<0.28.0 (GRPO/RLOO), trl >=0.25.0,<1.0.0 (GOLD);
-          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts
+          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts; verl >=0.7.1 (tested 0.7.1, 0.8.0, 0.9.0)
+          ServerAdapter.update_weights with the vLLM rollout, the digest method on vllm >=0.8.0 workers
 Remove:   never (a run-time check, not a fix); a row goes when its trainer leaves the supported range
 
 Verify-only records, independent of the fixes: they apply whether or not a bug patch applies
@@ -24,6 +25,11 @@ SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify.weights``):
   its wake and push; 3.10.x ``swift.trainers.rlhf_trainer``, 4.x ``swift.rlhf_trainers``),
   colocate fast inference only, never with ``async_generate`` (rollouts one step behind by
   design).
+- verl (``shim.verl.verify_weights``), checked after each weight update, not before a generate: the trainer
+  half wraps ``ServerAdapter.update_weights`` and digests the tensors verl streams; ``verify-weights-verl-server``
+  makes the Ray actor's ``vLLMHttpServer.collective_rpc`` return the workers' answers to the shim's own method
+  (verl's returns nothing); ``verify-weights-vllm-worker`` gives vLLM's ``Worker`` that method (the digests of
+  its model, in the process that holds the weights).
 """
 from shim.engine.patch import FEATURE, Patch
 from shim.engine.probes import changed
@@ -111,6 +117,80 @@ def _apply_swift(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_infer_single_or_multi_turn", _swift_infer)
 
 
+# -- verl: the trainer half, the rollout server's and the vLLM worker's parts ---------------------------
+def _coroutine(module, class_name, name):
+    import inspect
+
+    func = vars(getattr(module, class_name)).get(name)  # verl's update_weights is under @torch.no_grad()
+    ok = func is not None and inspect.iscoroutinefunction(inspect.unwrap(func))
+    return None if ok else changed(f"{class_name}.{name} is no coroutine")
+
+
+def _probe_verl(module):
+    from shim.engine import call_args
+
+    reason = _shape(module, "ServerAdapter", ("update_weights", "_execute_method"))
+    if reason:
+        return reason
+    names = call_args.positional_names(module.ServerAdapter.update_weights) or ()
+    if names[1:2] != ("weights",):
+        return changed("ServerAdapter.update_weights(self, weights, ...) not found")
+    return _coroutine(module, "ServerAdapter", "update_weights") or _off()
+
+
+def _apply_verl(module, patcher):
+    from shim.verl import verify_weights
+
+    patcher.wrap(module.ServerAdapter, "update_weights", verify_weights.update_weights_wrapper)
+
+
+def _probe_verl_server(module):
+    from shim.engine import probes
+
+    reason = _shape(module, "vLLMHttpServer", ("collective_rpc",)) or _coroutine(module, "vLLMHttpServer",
+                                                                                  "collective_rpc")
+    if reason:
+        return reason
+    source, reason = probes.source(module.vLLMHttpServer.collective_rpc, "vLLMHttpServer.collective_rpc")
+    if source is None:
+        return reason
+    if "return await self.engine.collective_rpc(" in source:
+        return "fixed upstream (collective_rpc returns the workers' results)"
+    if "await self.engine.collective_rpc(" not in source:
+        return changed("vLLMHttpServer.collective_rpc does not await engine.collective_rpc")
+    return _off()
+
+
+def _apply_verl_server(module, patcher):
+    from shim.verl import verify_weights
+
+    patcher.wrap(module.vLLMHttpServer, "collective_rpc", verify_weights.collective_rpc_wrapper)
+
+
+def _probe_worker(module):
+    from shim.verl.verify_weights import WORKER_METHOD
+
+    if not isinstance(getattr(module, "Worker", None), type):
+        return changed("Worker not in vllm.v1.worker.gpu_worker")
+    if WORKER_METHOD in vars(module.Worker):
+        return changed(f"Worker.{WORKER_METHOD} exists already")
+    return _off()
+
+
+def _apply_worker(module, patcher):
+    from shim.verl import verify_weights
+
+    patcher.set(module.Worker, verify_weights.WORKER_METHOD, verify_weights.WorkerMethod())
+
+
+VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0 and 0.9.0 ServerAdapter.update_weights -> vLLMHttpServer (collective_rpc, "
+                 "clear_kv_cache) -> verl's BucketedWeightSender/Receiver (ZMQ, shared memory) -> the vLLM stand-in's "
+                 "AsyncLLM worker (engine core in a forked process): a tensor the engine leaves out goes unreported "
+                 "without the shim, is reported (stale weights, StaleWeights with SHIM_STRICT=1) with it, also from "
+                 "an async iterator; a streamed tensor the engine lacks is named; a clean and a partial update stay "
+                 "silent; 0.7.1 with the server half disabled: every update unverifiable, one WARNING, status reason")
+
+
 VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with trl-stale-weights "
             "disabled, silent with it on; real TRL 1.10.0 with every push missing one tensor (left discarded by the "
             "level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
@@ -119,13 +199,13 @@ VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights
             "and routes agree; tensor-parallel slices (fused qkv/gate_up, row/vocab parallel) on CPU tensors")
 
 
-def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at):
+def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at, verified=VERIFIED):
     probe, apply = probe_apply
     return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, switch="SHIM_VERIFY_WEIGHTS",
                  issue="weight verification (SHIM_VERIFY_WEIGHTS)",
                  distribution=distribution,
                  affected=affected, module=module, apply=apply, probe=probe, summary=summary,
-                 verified=VERIFIED)
+                 verified=verified)
 
 
 PATCHES = [
@@ -152,4 +232,15 @@ PATCHES = [
     _patch("verify-weights-swift-4x", "ms-swift", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
            (_probe_swift, _apply_swift),
            "RolloutTrainerMixin: the engine's weights compared with the trainer's before each colocate rollout", ("swift", "4.6.0")),
+    _patch("verify-weights-verl", "verl", ">=0.7.1", "verl.workers.rollout.vllm_rollout.vllm_rollout",
+           (_probe_verl, _apply_verl),
+           "ServerAdapter.update_weights: the tensors verl streams are digested as they pass, then compared with "
+           "the engine's after the update (tested 0.7.1-0.9.0)", ("verl", "0.8.0"), VERL_VERIFIED),
+    _patch("verify-weights-verl-server", "verl", ">=0.7.1", "verl.workers.rollout.vllm_rollout.vllm_async_server",
+           (_probe_verl_server, _apply_verl_server),
+           "vLLMHttpServer.collective_rpc (Ray actor) returns the workers' digests for the shim's own method "
+           "(verl's returns nothing; tested 0.7.1-0.9.0)", ("verl", "0.8.0"), VERL_VERIFIED),
+    _patch("verify-weights-vllm-worker", "vllm", ">=0.8.0", "vllm.v1.worker.gpu_worker", (_probe_worker, _apply_worker),
+           "vLLM Worker.shim_weight_digests: digests of the worker's weights, by name over collective_rpc "
+           "(verl's engine half)", ("vllm", "0.24.0"), VERL_VERIFIED),
 ]

@@ -10,8 +10,14 @@ import inspect
 _signatures: dict = {}
 
 
+def _key(wrapped):
+    """The cache key: the function, and whether it comes bound (a bound method's signature has no ``self``; a
+    probe reading the class's function must not leave its signature for the wrapper's bound calls)."""
+    return getattr(wrapped, "__func__", wrapped), hasattr(wrapped, "__self__")
+
+
 def signature(wrapped):
-    key = getattr(wrapped, "__func__", wrapped)
+    key = _key(wrapped)
     try:
         return _signatures[key]
     except (KeyError, TypeError):
@@ -30,7 +36,7 @@ _positional: dict = {}
 def positional_names(wrapped) -> "tuple | None":
     """Names of ``wrapped``'s positional parameters in order; None when it takes ``*args``
     (or has no signature). Cached as :func:`signature` is."""
-    key = getattr(wrapped, "__func__", wrapped)
+    key = _key(wrapped)
     try:
         return _positional[key]
     except (KeyError, TypeError):

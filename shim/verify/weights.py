@@ -59,7 +59,10 @@ SHOW = 3
 """Tensors named in a WARNING."""
 VLLM_RECORD = "verify-weights-vllm"
 """The engine half: the check before ``LLM.generate``/``chat`` (ms-swift's records check on their own)."""
-SELF_CHECKING = ("verify-weights-swift",)
+NOT_TRL = ("verify-weights-verl", "verify-weights-vllm-worker")
+"""Record id prefixes of verl's verification (``shim.verl.verify_weights``: the trainer half, the rollout
+server's and the vLLM worker's parts): no TRL-style arming, never the partner of :data:`VLLM_RECORD`."""
+SELF_CHECKING = ("verify-weights-swift", *NOT_TRL)
 """Record id prefixes that run the check themselves (not through :data:`VLLM_RECORD`)."""
 
 
@@ -91,7 +94,8 @@ def reset() -> None:
         _reasons.clear()
 
 
-def _count(key: str, seconds: "float | None" = None) -> None:
+def record(key: str, seconds: "float | None" = None) -> None:
+    """Count one verdict (``verified``, ``stale``, ``unverifiable``); ``seconds``: the check's own time."""
     with _lock:
         _counts[key] += 1
         if seconds is not None:  # a check that ran (its time is the bench's figure)
@@ -103,14 +107,15 @@ def _count(key: str, seconds: "float | None" = None) -> None:
     events.count(f"rollouts_{key}")
 
 
-def _requested() -> str:
+def requested() -> str:
+    """The ``SHIM_VERIFY_WEIGHTS`` mode asked for (``exact``/``sample``), or ``""`` (off or a bad value)."""
     try:
         return config.verify_weights()
     except config.ConfigError:
         return ""
 
 
-def _warn_once(reason: str, message: str) -> None:
+def warn_once(reason: str, message: str) -> None:
     with _lock:
         if reason in _warned:
             log.debug(message)
@@ -144,7 +149,7 @@ def not_running_reason(patch_id: str, decisions: "dict | None" = None) -> "str |
     """Why the verify record ``patch_id`` is asked for (``SHIM_VERIFY_WEIGHTS`` on) but checks
     nothing in this process, or None (running, not asked for, or not this release's record).
     ``python -m shim status`` shows it as ``requested, not running: <why>``."""
-    if not patch_id.startswith("verify-weights") or not _requested():
+    if not patch_id.startswith("verify-weights") or not requested():
         return None
     decisions = _decisions() if decisions is None else decisions
     own = decisions.get(patch_id)
@@ -166,18 +171,24 @@ def not_running_reason(patch_id: str, decisions: "dict | None" = None) -> "str |
 
 def _trainer_half_down(decisions: dict) -> "str | None":
     for pid, d in sorted(decisions.items()):
-        if pid.startswith("verify-weights-") and pid != VLLM_RECORD:
+        if pid.startswith("verify-weights-") and pid != VLLM_RECORD and not pid.startswith(NOT_TRL):
             why = _down(d)
             if why:
                 return f"{pid} {why}"
     return None
 
 
+def cannot_verify(engine: str, why: str) -> None:
+    """Note that ``engine`` cannot be verified in this process (``status``: ``requested, not running: <why>``)."""
+    with _lock:
+        _reasons.setdefault(engine, why)
+
+
 def unverifiable(llm, target: "Target | None", why: str) -> None:
     """One rollout that was asked to be verified and was not: counted; one WARNING per reason."""
     name = engine_name(llm) if llm is not None else "?"
-    _count("unverifiable")
-    _warn_once(why, f"verify-weights {name}{f' ({target.site})' if target else ''}: verification requested "
+    record("unverifiable")
+    warn_once(why, f"verify-weights {name}{f' ({target.site})' if target else ''}: verification requested "
                     f"({config.SHIM_VERIFY_WEIGHTS}={os.environ.get(config.SHIM_VERIFY_WEIGHTS, '')}) but "
                     f"not running: {why}; these rollouts count as shim/rollouts_unverifiable")
 
@@ -249,7 +260,7 @@ class armed:
         if t is None:
             return False
         t.armed -= 1
-        if t.armed == 0 and exc_type is None and t.reached == self._reached and _requested():
+        if t.armed == 0 and exc_type is None and t.reached == self._reached and requested():
             down = _down(_decisions().get(VLLM_RECORD))
             unverifiable(self.llm, t, f"its engine half {VLLM_RECORD} {down}: no check runs before LLM.generate/chat"
                          if down else "no LLM.generate/chat reached the engine while the trainer generated")
@@ -278,7 +289,7 @@ def trainer_step() -> "int | None":
 
 def before_generate(llm) -> None:
     """Called by the ``LLM.generate``/``chat`` wrapper: verify when a trainer armed this engine."""
-    mode = _requested()
+    mode = requested()
     if not mode:
         return
     target = target_for(llm)
@@ -313,7 +324,7 @@ def before_generate(llm) -> None:
     target.generates += 1
     step = trainer_step()
     if not differ:
-        _count("verified", seconds)
+        record("verified", seconds)
         version = _tag(llm, step)
         _trace(llm, target, mode, "verified", step, version, [], seconds)
         if log.debugging():
@@ -323,7 +334,7 @@ def before_generate(llm) -> None:
                       f"{seconds * 1e3:.2f} ms)")
         return
     target.stale += 1
-    _count("stale", seconds)
+    record("stale", seconds)
     version = transport.weight_version(llm)
     _trace(llm, target, mode, "stale", step, version, differ, seconds)
     _report_stale(llm, target, differ, mode, step, version)
@@ -354,7 +365,7 @@ def _trace(llm, target, mode, verdict, step, version, differ, seconds) -> None:
     try:
         events.write_trace(path, rec)
     except OSError as exc:
-        _warn_once(f"trace {path}", f"{config.SHIM_TRACE}={path}: cannot append: {exc}")
+        warn_once(f"trace {path}", f"{config.SHIM_TRACE}={path}: cannot append: {exc}")
 
 
 def _verify(llm, target: Target, mode: str) -> "list | None":
@@ -397,7 +408,7 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
         target.disabled = f"no engine tensor maps to a trainer tensor (of {total}; e.g. {', '.join(bad[:SHOW])})"
         return False
     if bad:
-        _warn_once(f"unmapped {name}", f"verify-weights {name}: {len(bad)} of {total} engine tensors map to no "
+        warn_once(f"unmapped {name}", f"verify-weights {name}: {len(bad)} of {total} engine tensors map to no "
                                        f"trainer tensor and are not verified: {', '.join(bad[:SHOW])}"
                                        f"{' ...' if len(bad) > SHOW else ''}")
     if mode == config.VERIFY_EXACT:
@@ -431,17 +442,26 @@ def _note_bytes(descs: dict, names: list, params: dict) -> None:
 
 
 def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -> None:
+    report_stale(engine_name(llm), target.site, differ, mode, step, version, target.stale, target.generates,
+                 "the engine is about to generate from weights that differ from the trainer's", "generates")
+
+
+def report_stale(engine: str, site: str, differ: list, mode: str, step, version, stale: int, total: int,
+                 finding: str, unit: str) -> None:
+    """The one stale-weights verdict of every verify record: a WARNING naming the first :data:`SHOW` tensors
+    (the first :data:`WARN_FIRST` stale ``unit`` of an engine, then every :data:`WARN_EVERY`), or
+    :class:`StaleWeights` with ``SHIM_STRICT=1``. ``finding``: what differs, in the site's words."""
     shown = ", ".join(differ[:SHOW]) + (f" and {len(differ) - SHOW} more" if len(differ) > SHOW else "")
-    message = (f"verify-weights {engine_name(llm)} ({target.site}): stale weights at step "
-               f"{'?' if step is None else step} (engine weight version {version or '-'}): the engine is about to "
-               f"generate from weights that differ from the trainer's ({mode} digests; first differing: {shown}); "
-               f"stale at {target.stale} of {target.generates} verified generates of this engine. "
+    message = (f"verify-weights {engine} ({site}): stale weights at step "
+               f"{'?' if step is None else step} (engine weight version {version or '-'}): {finding} "
+               f"({mode} digests; first differing: {shown}); "
+               f"stale at {stale} of {total} verified {unit} of this engine. "
                "A weight push did not land: check `python -m shim status` (a patch disabled or standing down?)")
     if config.strict():
         raise StaleWeights("[shim] " + message)
-    if target.stale <= WARN_FIRST or target.stale % WARN_EVERY == 0:
-        if target.stale == WARN_FIRST:
-            message += f"; further stale generates of this engine are logged every {WARN_EVERY}"
+    if stale <= WARN_FIRST or stale % WARN_EVERY == 0:
+        if stale == WARN_FIRST:
+            message += f"; further stale {unit} of this engine are logged every {WARN_EVERY}"
         log.warning(message)
     else:
         log.debug(message)

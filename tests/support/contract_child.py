@@ -16,8 +16,8 @@ the upstream objects) or ``....err`` with the traceback. Cases:
   changed attribute; ``remove`` takes out only this patch's layer (the other one stays and
   still reaches the original); undoing the other one leaves exactly the original objects.
 - ``out_of_range``: the installed version reported as 0.0.1: stands down, nothing changed.
-- ``shape``: every attribute the patch changes is deleted from upstream first: stands down
-  (the probe sees it), nothing changed.
+- ``shape``: every attribute the patch changes is deleted from upstream first (one it adds: the class
+  that would hold it): stands down (the probe sees it), nothing changed.
 - ``apply_raises``: ``apply`` raises after it made its changes: decision ``failed``, every
   change rolled back to the identical objects, the user's import goes on.
 """
@@ -85,6 +85,11 @@ def run_case(pid, case):
             if name in vars(owner):
                 delattr(owner, name)
                 out["deleted"].append(f"{getattr(owner, '__name__', owner)}.{name}")
+            elif not hasattr(owner, name):  # an attribute the patch adds (none upstream): its owner goes instead
+                for key, value in list(vars(module).items()):
+                    if value is owner:
+                        delattr(module, key)
+                        out["deleted"].append(f"{module.__name__}.{key}")
         registry.activate([entry])
         d = registry.decisions()[pid]
         out["decision"], out["reason"] = d.decision, d.reason

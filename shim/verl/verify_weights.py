@@ -1,0 +1,342 @@
+"""Weight verification of verl's weight updates (``SHIM_VERIFY_WEIGHTS``): what the trainer streamed, checked
+in the engine after ``ServerAdapter.update_weights``.
+
+verl (0.7.1 - 0.9.0, read in the wheels) runs vLLM's ``AsyncLLM`` in a Ray actor (``vLLMHttpServer``,
+``verl/workers/rollout/vllm_rollout/vllm_async_server.py``); the trainer's rollout adapter
+(``ServerAdapter.update_weights(weights, global_steps=None, **kwargs)`` in ``vllm_rollout.py``; 0.9.0 adds
+``wire_format``) asks the server for ``collective_rpc("update_weights_from_ipc")``, streams the generator
+``weights`` of ``(name, tensor)`` through verl's ``BucketedWeightSender`` (CUDA IPC or shared memory) into the
+workers' ``model.load_weights``, then ``clear_kv_cache``. A tensor that does not land (verl#7904: garbled
+rollouts from the second update) says nothing. Three parts, one per process:
+
+- trainer (:func:`update_weights_wrapper`, the rank that holds the server handle: verl's own condition,
+  ``_has_server`` from 0.9.0, else ``rollout_rank == 0``): before the update it asks the engine to describe
+  its parameters (once per adapter: shapes, dtypes, which slices of which trainer tensor each worker holds,
+  :mod:`shim.verify.layout`); while verl streams, it digests each tensor as it passes (the slices every worker
+  holds, in the engine's dtype, :mod:`shim.verify.digest`; only the digests are kept); after verl's update
+  returned it asks the engine for the digests of the parameters the update touched and compares
+  (``shim.verify.weights.report_stale``: one WARNING ``stale weights`` naming tensors, ``StaleWeights`` with
+  ``SHIM_STRICT=1``, the counts ``verified`` / ``stale`` / ``unverifiable``);
+- rollout server (:func:`collective_rpc_wrapper`): verl's ``vLLMHttpServer.collective_rpc`` awaits the
+  engine's ``collective_rpc`` and returns nothing (0.7.1/0.8.0 line 198, 0.9.0 line 219); for the shim's own
+  method only (:data:`WORKER_METHOD`) it returns the workers' results; every other call is verl's;
+- vLLM worker (:func:`worker_digests`, set on ``vllm.v1.worker.gpu_worker.Worker``): the digests, computed in
+  the process that holds the weights (a method by name: vLLM ships no function without
+  ``VLLM_ALLOW_INSECURE_SERIALIZATION``, which verl does not set).
+
+What is compared (a partial or bucketed update is not a false alarm): each engine parameter piece whose
+trainer tensor the update streamed; pieces no tensor of this update touched are not compared. A streamed
+tensor that no engine parameter holds is reported (``"<name> (streamed, not in the engine)"``), except the
+names vLLM's loaders skip on purpose (:data:`SKIPPED`, ``lm_head.weight`` of tied embeddings) and where the
+engine has parameters the layout cannot map (fused MoE experts, quantized or unknown layouts: vLLM's loader
+renames those; one WARNING lists them as not verified). Every worker is compared with what this rank streamed
+(verl streams the same full tensors from every rank). A LoRA adapter update (``peft_config`` with
+``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is unverifiable.
+
+Never silently off: the server half or the worker method missing (the shim not active in the Ray actor or the
+engine's processes: run verl under ``python -m shim``), a failed check: one WARNING ``unverifiable`` per
+reason, each such update counted ``unverifiable``, the update itself unchanged.
+"""
+from __future__ import annotations
+
+import time
+import types
+import weakref
+
+from shim.engine import call_args, config, log
+
+WORKER_METHOD = "shim_weight_digests"
+"""The vLLM worker's method (by name over ``collective_rpc``) that returns :func:`shim.verify.compare.fingerprint`."""
+SITE = "verl ServerAdapter.update_weights"
+SKIPPED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+"""Suffixes of names vLLM's ``load_weights`` skips by design (e.g. ``LlamaForCausalLM.load_weights``)."""
+
+_engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ServerAdapter -> Engine
+
+
+# ---------------------------------------------------------------------------
+# vLLM worker
+# ---------------------------------------------------------------------------
+def worker_digests(self, request: dict) -> dict:
+    """``Worker.shim_weight_digests(request)``: :func:`shim.verify.compare.fingerprint` of this worker's model."""
+    from shim.verify import compare
+
+    runner = self.model_runner
+    get_model = getattr(runner, "get_model", None)  # unwraps vLLM's CUDA-graph wrapper
+    return compare.fingerprint(get_model() if callable(get_model) else runner.model, request)
+
+
+class WorkerMethod:
+    """What the record puts at ``Worker.shim_weight_digests``: a descriptor whose instances get
+    :func:`worker_digests` bound. Not a function: the method is the shim's own (no upstream attribute under it),
+    so a function wrapper stacked on it by someone else could not be re-pointed to anything when the shim is
+    removed; a descriptor on the class is not callable, nobody wraps it, and the removal is exact."""
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else types.MethodType(worker_digests, instance)
+
+
+# ---------------------------------------------------------------------------
+# rollout server (the Ray actor)
+# ---------------------------------------------------------------------------
+def collective_rpc_wrapper(wrapped, instance, args, kwargs):
+    """``vLLMHttpServer.collective_rpc``: the shim's own method returns the workers' results."""
+    if instance is None or call_args.arg(wrapped, args, kwargs, "method") != WORKER_METHOD:
+        return wrapped(*args, **kwargs)
+
+    async def run():
+        return await instance.engine.collective_rpc(
+            method=WORKER_METHOD, timeout=call_args.arg(wrapped, args, kwargs, "timeout"),
+            args=tuple(call_args.arg(wrapped, args, kwargs, "args", ()) or ()),
+            kwargs=call_args.arg(wrapped, args, kwargs, "kwargs"))
+
+    return run()
+
+
+# ---------------------------------------------------------------------------
+# trainer
+# ---------------------------------------------------------------------------
+class Engine:
+    """One rollout server's engine as the trainer rank sees it: its workers' descriptions, what was found."""
+
+    def __init__(self):
+        self.descs = None      # rank -> layout.describe() of that worker
+        self.index = None      # trainer name -> [(rank, engine name, piece number)]
+        self.owned = None      # engine names of rank 0
+        self.unmapped = []     # engine parameters no streamed name can reach (not verified)
+        self.updates = 0
+        self.stale = 0
+        self.disabled = ""
+
+
+class Update:
+    """One ``update_weights`` call: digests of what streamed, then the check."""
+
+    def __init__(self, adapter, engine: Engine, mode: str):
+        self.adapter, self.engine, self.mode = adapter, engine, mode
+        self.want: dict = {}        # (rank, engine name, piece) -> digest of the streamed slice
+        self.unmatched: list = []   # streamed names no engine parameter holds
+        self.failed = ""
+        self.seconds = 0.0
+        from shim.verify import compare
+
+        self.spec = None if mode == config.VERIFY_EXACT else [compare.ELEMENTS, engine.updates]
+
+    def watch(self, weights):
+        """``weights`` (verl's generator or async iterator of ``(name, tensor)``) digesting each as it passes."""
+        if hasattr(weights, "__aiter__"):
+            return self._awatch(weights)
+        return self._watch(weights)
+
+    def _watch(self, weights):
+        for item in weights:
+            self._see(item)
+            yield item
+
+    async def _awatch(self, weights):
+        async for item in weights:
+            self._see(item)
+            yield item
+
+    def _see(self, item) -> None:
+        if self.failed:
+            return
+        t0 = time.perf_counter()
+        try:
+            name, tensor = item
+            self._digest(name, tensor)
+        except Exception as exc:  # never break verl's stream
+            self.failed = f"the check failed ({type(exc).__name__}: {exc})"
+        self.seconds += time.perf_counter() - t0
+
+    def _digest(self, name: str, tensor) -> None:
+        import torch
+
+        from shim.verify import compare, digest, layout
+
+        name = layout.trainer_name(name)
+        targets = self.engine.index.get(name)
+        if not targets:
+            if not _skipped(name, self.engine):
+                self.unmatched.append(name)
+            return
+        views, dtypes = [], []
+        for rank, engine_name, k in targets:
+            d = self.engine.descs[rank]["params"][engine_name]
+            lay = d["layout"]
+            view = layout.trainer_view(tensor.detach(), lay, lay["pieces"][k])
+            views.append(compare.rows(view, *self.spec) if self.spec else view)
+            dtypes.append(getattr(torch, d["dtype"]))
+        for key, value in zip(targets, digest.digests(views, dtypes)):
+            self.want[key] = value
+
+    def differing(self, results: list, names: list) -> list:
+        """Streamed tensors whose engine digests are not the streamed ones (``"name (tp rank r)"``)."""
+        differ = []
+        for r in results:
+            rank = r["rank"]
+            tag = f" (tp rank {rank})" if len(results) > 1 or rank else ""
+            got = r.get("digests") or []
+            for i, name in enumerate(names):
+                pieces = got[i] if i < len(got) else None
+                for k in range(len(self.engine.descs[rank]["params"][name]["layout"]["pieces"])):
+                    want = self.want.get((rank, name, k))
+                    if want is not None and (pieces is None or k >= len(pieces) or pieces[k] != want):
+                        differ.append(name + tag)
+                        break
+        return differ + [f"{n} (streamed, not in the engine)" for n in self.unmatched]
+
+
+def _skipped(name: str, engine: Engine) -> bool:
+    if name.endswith(SKIPPED) or engine.unmapped:
+        return True
+    return name == "lm_head.weight" and "lm_head.weight" not in engine.owned  # tied embeddings
+
+
+def verifying_rank(adapter) -> bool:
+    """verl's own condition for the rank that reaches the server (0.9.0 ``_has_server``; before: rollout rank 0)."""
+    has = getattr(adapter, "_has_server", None)
+    return bool(has) if has is not None else getattr(adapter, "rollout_rank", None) == 0
+
+
+async def _ask(adapter, request: dict):
+    """The workers' answers through verl's own ``_execute_method`` (the server's ``collective_rpc``)."""
+    return await adapter._execute_method(WORKER_METHOD, args=(request,))
+
+
+def _index(engine: Engine) -> None:
+    from shim.verify import layout
+
+    index, unmapped = {}, []
+    for rank, desc in sorted(engine.descs.items()):
+        for name, d in desc["params"].items():
+            lay = d["layout"]
+            if lay is None or d["dtype"] not in layout.FLOATING or ".experts." in name:
+                if rank == min(engine.descs):
+                    unmapped.append(name)
+                continue
+            for k, piece in enumerate(lay["pieces"]):
+                index.setdefault(piece[0], []).append((rank, name, k))
+    engine.index, engine.unmapped = index, unmapped
+    engine.owned = set(engine.descs[min(engine.descs)]["params"])
+    if unmapped:
+        from shim.verify import weights
+
+        shown = ", ".join(unmapped[:weights.SHOW]) + (" ..." if len(unmapped) > weights.SHOW else "")
+        weights.warn_once(f"verl unmapped {id(engine)}", f"verify-weights ({SITE}): {len(unmapped)} engine "
+                          f"tensors have no layout the shim maps (fused experts, quantized or unknown) and are not "
+                          f"verified: {shown}; streamed tensors that match no engine tensor are not reported")
+
+
+def _unverifiable(engine: "Engine | None", why: str, disable: bool = True) -> None:
+    """One update that was asked to be verified and was not: counted; one WARNING per reason; ``disable``: the
+    reason holds for every later update of this engine (no further asking)."""
+    from shim.verify import weights
+
+    weights.record("unverifiable")
+    weights.warn_once(f"verl {why}", f"verify-weights ({SITE}): verification requested "
+                                     f"({config.SHIM_VERIFY_WEIGHTS}) but unverifiable: {why}; these updates count "
+                                     "as shim/rollouts_unverifiable")
+    if disable and engine is not None and not engine.disabled:
+        engine.disabled = why
+        weights.cannot_verify("verl rollout", why)
+
+
+NO_SERVER_HALF = ("the rollout server returned no digests: the shim's server half (verify-weights-verl-server) "
+                  "is not active in the vLLMHttpServer Ray actor (run verl under `python -m shim`, or the "
+                  "actor's environment lacks the shim's PYTHONPATH)")
+
+
+async def _prepare(adapter, engine: Engine) -> bool:
+    if engine.descs is not None:
+        return True
+    try:
+        results = await _ask(adapter, {"describe": True})
+    except Exception as exc:  # the worker method missing: NotImplementedError / AttributeError from vLLM
+        _unverifiable(engine, f"the engine's workers cannot describe their weights ({type(exc).__name__}: {exc}): "
+                              f"the shim's {WORKER_METHOD} (verify-weights-vllm-worker) is not active in vLLM's "
+                              "worker processes")
+        return False
+    if not results:
+        _unverifiable(engine, NO_SERVER_HALF)
+        return False
+    engine.descs = {r["rank"]: r["describe"] for r in results}
+    _index(engine)
+    return True
+
+
+async def _check(adapter, engine: Engine, update: Update, step) -> None:
+    from shim.verify import weights
+
+    if update.failed:
+        _unverifiable(engine, update.failed, disable=False)
+        return
+    if not update.want and not update.unmatched:  # never "verified" for a stream the shim did not see
+        _unverifiable(engine, "the update streamed no tensor through the shim's watch", disable=False)
+        return
+    names = sorted({name for (_, name, _) in update.want})
+    t0 = time.perf_counter()
+    results = await _ask(adapter, {"names": names, "sample": update.spec})
+    if not results:
+        _unverifiable(engine, NO_SERVER_HALF)
+        return
+    differ = update.differing(results, names)
+    seconds = update.seconds + time.perf_counter() - t0
+    engine.updates += 1
+    if not differ:
+        weights.record("verified", seconds)
+        if log.debugging():
+            log.debug(f"verify-weights ({SITE}): the engine holds the {len(names)} tensors the update streamed at "
+                      f"step {'?' if step is None else step} ({update.mode}, {seconds * 1e3:.2f} ms)")
+        return
+    engine.stale += 1
+    weights.record("stale", seconds)
+    weights.report_stale(f"verl rollout replica {getattr(adapter, 'replica_rank', '?')}", SITE, differ, update.mode, step, None, engine.stale, engine.updates,
+                         "after the update the engine holds other weights than the trainer streamed", "updates")
+
+
+def update_weights_wrapper(wrapped, instance, args, kwargs):
+    """``ServerAdapter.update_weights``: digest what streams, check the engine after verl's update."""
+    from shim.verify import weights
+
+    mode = weights.requested()
+    stream = args[0] if args else kwargs.get("weights")  # the probe saw update_weights(self, weights, ...)
+    if not mode or instance is None or stream is None or not verifying_rank(instance):
+        return wrapped(*args, **kwargs)
+    try:
+        bound = call_args.signature(wrapped).bind(*args, **kwargs).arguments
+        extra = bound.get("kwargs") or {}  # update_weights(..., **kwargs): what goes to update_weights_from_ipc
+        adapter_only = bool(extra.get("peft_config") and extra.get("base_sync_done"))
+        step = bound.get("global_steps")
+        positional = bool(args)
+        engine = _engines.setdefault(instance, Engine())
+    except Exception as exc:  # never break verl's update
+        log.warning(f"verify-weights ({SITE}): cannot read the call ({exc}); this update is not verified")
+        return wrapped(*args, **kwargs)
+
+    async def run():
+        update = None
+        try:
+            if adapter_only:
+                _unverifiable(engine, "a LoRA adapter update (peft_config with base_sync_done: the tensors go "
+                                      "to vLLM's LoRA manager, not the model's weights)", disable=False)
+            elif engine.disabled:
+                _unverifiable(engine, engine.disabled)
+            elif await _prepare(instance, engine):
+                update = Update(instance, engine, mode)
+        except Exception as exc:  # the check must never stop training
+            _unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
+        if update is None:
+            return await wrapped(*args, **kwargs)
+        watched = update.watch(stream)
+        call = ((watched, *args[1:]), kwargs) if positional else (args, {**kwargs, "weights": watched})
+        result = await wrapped(*call[0], **call[1])
+        try:
+            await _check(instance, engine, update, step)
+        except weights.StaleWeights:
+            raise
+        except Exception as exc:  # the check must never stop training
+            _unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
+        return result
+
+    return run()
