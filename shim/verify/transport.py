@@ -33,9 +33,12 @@ def in_process_model(llm):
     worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
     worker = getattr(worker, "worker", None) or worker  # WorkerWrapperBase (older vLLM)
     runner = getattr(worker, "model_runner", None)
-    if runner is None:
-        return None
-    get_model = getattr(runner, "get_model", None)  # unwraps vLLM's CUDA-graph wrapper
+    return None if runner is None else runner_model(runner)
+
+
+def runner_model(runner):
+    """A vLLM model runner's model (``get_model()`` unwraps vLLM's CUDA-graph wrapper)."""
+    get_model = getattr(runner, "get_model", None)
     return get_model() if callable(get_model) else getattr(runner, "model", None)
 
 

@@ -59,11 +59,9 @@ _engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ServerAda
 # ---------------------------------------------------------------------------
 def worker_digests(self, request: dict) -> dict:
     """``Worker.shim_weight_digests(request)``: :func:`shim.verify.compare.fingerprint` of this worker's model."""
-    from shim.verify import compare
+    from shim.verify import compare, transport
 
-    runner = self.model_runner
-    get_model = getattr(runner, "get_model", None)  # unwraps vLLM's CUDA-graph wrapper
-    return compare.fingerprint(get_model() if callable(get_model) else runner.model, request)
+    return compare.fingerprint(transport.runner_model(self.model_runner), request)
 
 
 class WorkerMethod:
@@ -112,8 +110,8 @@ class Engine:
 class Update:
     """One ``update_weights`` call: digests of what streamed, then the check."""
 
-    def __init__(self, adapter, engine: Engine, mode: str):
-        self.adapter, self.engine, self.mode = adapter, engine, mode
+    def __init__(self, engine: Engine, mode: str):
+        self.engine, self.mode = engine, mode
         self.want: dict = {}        # (rank, engine name, piece) -> digest of the streamed slice
         self.unmatched: list = []   # streamed names no engine parameter holds
         self.failed = ""
@@ -207,18 +205,18 @@ async def _ask(adapter, request: dict):
 def _index(engine: Engine) -> None:
     from shim.verify import layout
 
-    index, unmapped = {}, []
+    index, unmapped, first = {}, [], min(engine.descs)
     for rank, desc in sorted(engine.descs.items()):
         for name, d in desc["params"].items():
             lay = d["layout"]
             if lay is None or d["dtype"] not in layout.FLOATING or ".experts." in name:
-                if rank == min(engine.descs):
+                if rank == first:
                     unmapped.append(name)
                 continue
             for k, piece in enumerate(lay["pieces"]):
                 index.setdefault(piece[0], []).append((rank, name, k))
     engine.index, engine.unmapped = index, unmapped
-    engine.owned = set(engine.descs[min(engine.descs)]["params"])
+    engine.owned = set(engine.descs[first]["params"])
     if unmapped:
         from shim.verify import weights
 
@@ -291,7 +289,8 @@ async def _check(adapter, engine: Engine, update: Update, step) -> None:
         return
     engine.stale += 1
     weights.record("stale", seconds)
-    weights.report_stale(f"verl rollout replica {getattr(adapter, 'replica_rank', '?')}", SITE, differ, update.mode, step, None, engine.stale, engine.updates,
+    weights.report_stale(f"verl rollout replica {getattr(adapter, 'replica_rank', '?')}", SITE, differ, update.mode,
+                         step, None, engine.stale, engine.updates,
                          "after the update the engine holds other weights than the trainer streamed", "updates")
 
 
@@ -323,7 +322,7 @@ def update_weights_wrapper(wrapped, instance, args, kwargs):
             elif engine.disabled:
                 _unverifiable(engine, engine.disabled)
             elif await _prepare(instance, engine):
-                update = Update(instance, engine, mode)
+                update = Update(engine, mode)
         except Exception as exc:  # the check must never stop training
             _unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
         if update is None:
