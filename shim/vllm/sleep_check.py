@@ -221,15 +221,17 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
                        freed=0, effective=None, asleep=sorted(asleep), free=free, total=total, measured="device",
                        note="already asleep: vLLM ignores this sleep")
         return result
-    if asleep:
-        # vLLM's executor ignores a sleep while any tag is asleep; the awake tag would stay mapped.
+    if wake_plan.sleep_refused(asleep):
+        # vLLM's executor ignores a sleep while any tag (>= 0.33: the weights) is asleep; the awake tag would
+        # stay mapped.
         engine.wake_up(sorted(asleep))  # through the allocator guard's wrapper when it is on
         sleep_state.note_wake(engine, asleep)
         note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
-    tracked = sleep_pool.tracked_bytes(probe)
+    mapped = set(engines.TAGS) - wake_plan.asleep_tags(engine)  # >= 0.33: a discarded KV cache stays asleep
+    tracked = sleep_pool.tracked_bytes(probe, tags=mapped)
     read = sleep_verdict.reading_due(state, level, tracked, sleep_verdict.check_every()) is not None
     if read:  # a device reading: the verdict on exact figures
-        tracked = sleep_pool.tracked_bytes(probe, exact=True)
+        tracked = sleep_pool.tracked_bytes(probe, exact=True, tags=mapped)
     result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
     if level >= 2:
         note = "; ".join(x for x in (note, buffers.kept_note(engine)) if x)
@@ -241,7 +243,7 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         note = "; ".join(x for x in (note, "not verified: vLLM does not report every tag asleep after this sleep; "
                                            "the next sleep reads the device") if x)
     else:
-        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed)
+        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed, sleep_pool.tracked_bytes(probe))
         state.schedule.read_next = not effective
     shim_s = (t0 - entered) + (time.perf_counter() - t1)
     events.emit("sleep", name, t1 - t0, level=level, tracked=m.tracked, freed=m.freed, effective=effective,
@@ -320,8 +322,9 @@ def check_wake(wrapped, instance, args, kwargs):
     return wake_on(engines.engine_of(instance), wrapped, args, kwargs)
 
 
-def wake_on(engine, wrapped, args, kwargs, holds_memory=None):
-    """The per-tag wake and its record, for one wake of ``engine`` (``holds_memory``: as :func:`sleep_on`)."""
+def wake_on(engine, wrapped, args, kwargs, holds_memory=None, as_asked=False):
+    """The per-tag wake and its record, for one wake of ``engine`` (``holds_memory``: as :func:`sleep_on`;
+    ``as_asked``: vLLM's tags passed unchanged, ``wake_plan.plan``)."""
     entered = time.perf_counter()
     state = sleep_state.state_for(engine)
     if _inner(state):
@@ -340,7 +343,7 @@ def wake_on(engine, wrapped, args, kwargs, holds_memory=None):
         return result
     with _calling(state) as call:
         name = sleep_state.engine_name(engine)
-        do_call, pass_tags, woken = wake_plan.plan(engine, tags)
+        do_call, pass_tags, woken = wake_plan.plan(engine, tags, as_asked)
         if not do_call:
             log.debug(f"wake {name} tags={tags}: all awake already, call skipped (vLLM would ignore it)")
             return None

@@ -30,11 +30,15 @@ def allocator(device: str):
     return vars(cls).get("instance") if isinstance(cls, type) else None
 
 
-def tracked_bytes(probe, exact: bool = False) -> int:
+def tracked_bytes(probe, exact: bool = False, tags=None) -> int:
     """Bytes the pool tracks: the sum of its records' sizes (what ``get_current_usage()`` sums,
-    kept between calls, see :func:`bytes_by_tag`), else ``get_current_usage()``; 0 without a pool."""
+    kept between calls, see :func:`bytes_by_tag`), else ``get_current_usage()``; 0 without a pool.
+    ``tags``: only the records of those of the deferrable tags ("weights", "kv_cache"), every other
+    tag counted (vLLM >= 0.34's "runtime", "cudagraph", ... sleep with the weights)."""
     by_tag = bytes_by_tag(probe, exact)
     if by_tag:
+        if tags is not None:
+            return sum(n for tag, n in by_tag.items() if tag in tags or tag not in ("weights", "kv_cache"))
         return sum(by_tag.values())
     alloc = allocator(probe.name) if probe is not None else None
     if alloc is None:

@@ -180,6 +180,18 @@ def note_wake(obj: Any, tags: Optional[Iterable[str]] = None) -> SleepState:
     return state
 
 
+def note_discard(obj: Any, tags: Iterable[str]) -> SleepState:
+    """Tags released without a sleep (vLLM >= 0.33 ``discard``, e.g. the KV cache): asleep, the level kept;
+    discarded weights hold nothing defined."""
+    state = state_for(obj)
+    tags = set(tags) & set(TAGS)
+    state.asleep |= tags
+    if "weights" in tags:
+        state.weights_valid = False
+        state.weights_pushed = False
+    return state
+
+
 def note_weights_pushed(obj: Any) -> SleepState:
     """The trainer wrote its weights into awake weight memory."""
     state = state_for(obj)

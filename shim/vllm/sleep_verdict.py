@@ -88,10 +88,12 @@ def reading_due(state, level: int, tracked: int, every: int) -> "str | None":
     return None
 
 
-def judge(state, tracked: int, freed: int) -> tuple:
-    """``(effective, likely cause, fix)`` of one sleep."""
+def judge(state, tracked: int, freed: int, pool: "int | None" = None) -> tuple:
+    """``(effective, likely cause, fix)`` of one sleep. ``pool``: the whole pool's bytes, tags asleep
+    before the sleep included (``tracked`` counts only what was mapped): a pool that holds memory is no
+    empty pool, however little the sleep had left to free (a KV cache discarded before it, a tiny model)."""
     holds = state.measure.engine_bytes
-    if tracked < NOTHING:
+    if tracked < NOTHING and (pool is None or pool < NOTHING):
         if holds is not None and holds < NOTHING:
             return True, "", ""
         if state.measure.sleep_mode is False:

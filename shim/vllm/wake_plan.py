@@ -10,6 +10,15 @@ is, and gives cached blocks back first (gc + the device's ``empty_cache``:
 re-mapped physical pages cannot reuse blocks PyTorch caches; vLLM >= 0.30 does
 this itself). It never passes an empty tag list (vLLM would mark every tag
 awake without mapping any).
+
+vLLM >= 0.33 (read in the 0.33.0/0.34.0 wheels, ``v1/executor/abstract.py``,
+``device_allocator/cumem.py``): the executor forwards a wake to its workers only
+when every requested tag is asleep in its own record, which also knows the KV
+cache a ``discard`` released (``release_kv_cache_memory``); the allocator maps
+only what is asleep. So a worker passes vLLM's wake on as asked
+(:func:`plan` ``as_asked``): the executor is the authority, never the shim's
+worker record. Its ``sleep`` is refused only while ``weights`` is asleep
+(:func:`sleep_refused`), not while a discarded KV cache is.
 """
 from __future__ import annotations
 
@@ -24,9 +33,30 @@ def asleep_tags(obj) -> set:
     return tags if tags is not None else set(sleep_state.state_for(obj).asleep)
 
 
-def plan(obj, tags) -> "tuple[bool, object, list]":
+_V033: list = []
+
+
+def executor_guards() -> bool:
+    """vLLM >= 0.33: its executor guards a worker's wake and knows discarded tags (module doc)."""
+    if not _V033:
+        from shim.engine.versions import in_range, installed
+
+        version = installed("vllm")
+        _V033.append(bool(version) and in_range(version, ">=0.33.0"))
+    return _V033[0]
+
+
+def sleep_refused(asleep) -> bool:
+    """Whether vLLM's executor ignores a sleep while ``asleep`` tags are asleep."""
+    return "weights" in asleep if executor_guards() else bool(asleep)
+
+
+def plan(obj, tags, as_asked: bool = False) -> "tuple[bool, object, list]":
     """``(call, tags_to_pass, woken)``: whether to call vLLM's wake_up, with which tags,
-    and which tags that wakes. ``tags=None`` (everything) is passed as None."""
+    and which tags that wakes. ``tags=None`` (everything) is passed as None. ``as_asked``:
+    vLLM's executor already checked the tags (a worker on vLLM >= 0.33): the call goes on unchanged."""
+    if as_asked:
+        return True, tags, sorted(TAGS if tags is None else [t for t in tags if t in TAGS])
     asleep = asleep_tags(obj)
     extra = [t for t in (tags or ()) if t not in TAGS]  # e.g. "scheduling" (vLLM >= 0.18)
     requested = list(TAGS) if tags is None else [t for t in tags if t in TAGS]

@@ -28,12 +28,14 @@ record: the engine's where the engine holds its worker, the worker's where it do
 
 The per-tag wake rule at this level (``shim.vllm.wake_plan``: only the requested tags that are
 asleep are passed) needs the worker's own record, so it applies only once the shim saw this
-worker fall asleep; before that every wake goes through as asked.
+worker fall asleep; before that every wake goes through as asked. On vLLM >= 0.33 the executor
+checks the tags before it calls the worker, so the worker's wake always goes through as asked;
+``discard`` (``release_kv_cache_memory``) is recorded (:func:`check_discard`).
 """
 from __future__ import annotations
 
 from shim.engine import call_args
-from shim.vllm import alloc_guard, engines, memory, sleep_check, sleep_state
+from shim.vllm import alloc_guard, engines, memory, sleep_check, sleep_state, wake_plan
 
 
 def _owner_acting(state) -> bool:
@@ -71,7 +73,17 @@ def check_wake(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         sleep_state.note_wake(instance, call_args.arg(wrapped, args, kwargs, "tags"))
         return result
-    return sleep_check.wake_on(instance, wrapped, args, kwargs, holds_memory=True)
+    return sleep_check.wake_on(instance, wrapped, args, kwargs, holds_memory=True,
+                               as_asked=wake_plan.executor_guards())
+
+
+def check_discard(wrapped, instance, args, kwargs):
+    """``Worker.discard(tags)`` (vLLM >= 0.33): the tags released without a sleep are asleep in the
+    worker's record, so its next sleep and wake are measured and judged on what is still mapped."""
+    result = wrapped(*args, **kwargs)
+    tags = call_args.arg(wrapped, args, kwargs, "tags")
+    sleep_state.note_discard(instance, [tags] if isinstance(tags, str) else tags or ())
+    return result
 
 
 def guard_alloc(wrapped, instance, args, kwargs):

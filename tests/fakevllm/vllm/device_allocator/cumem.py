@@ -15,6 +15,11 @@ vLLM version (FAKEVLLM_VERSION):
   back on afterwards (PYTORCH_ALLOC_CONF or a live setting are not seen);
 - >= 0.33: also reads PYTORCH_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF and the live
   allocator settings.
+
+From 0.33 (``cumem.py`` ``discard``, ``wake_up``): ``discard(tags)`` unmaps the mapped allocations
+with those tags without a CPU copy (``EngineCore.release_kv_cache_memory`` -> ``Worker.discard``),
+and ``wake_up`` maps only the allocations that are asleep (``AllocationData.is_asleep``; here: the
+fake device's mapping), quietly.
 """
 from __future__ import annotations
 
@@ -146,6 +151,8 @@ class CuMemAllocator:
                     handle = data.handle
                     a = _alloc_of(handle)
                     if a is not None and a.mapped:
+                        if _fake.V >= _fake.Version("0.33.0"):  # 0.33 cumem.py: `if not data.is_asleep: continue`
+                            continue
                         # Not verified against the C extension: re-mapping a mapped range.
                         # The fake leaves it mapped (contents kept) and records it.
                         _fake.log_event("allocator_double_map", tag=data.tag, nbytes=handle[1])
@@ -163,6 +170,21 @@ class CuMemAllocator:
                 unmap_and_release(self.pointer_to_data[ptr].handle)
             raise
         _fake.log_event("allocator_wake_up", allocator=type(self).__name__, tags=tags)
+
+    def discard(self, tags: tuple[str, ...] | str) -> None:
+        """0.33+ ``CuMemAllocator.discard``: the mapped allocations with ``tags`` released, contents dropped."""
+        if isinstance(tags, str):
+            tags = (tags,)
+        discarded = 0
+        for data in self.pointer_to_data.values():
+            a = _alloc_of(data.handle)
+            if data.tag not in tags or a is None or not a.mapped:
+                continue
+            data.cpu_backup_tensor = None
+            unmap_and_release(data.handle)
+            discarded += data.handle[1]
+        logger.info("CuMemAllocator: discarded %.2f GiB for tags %s.", discarded / 1024**3, tags)
+        _fake.log_event("allocator_discard", allocator=type(self).__name__, tags=list(tags), nbytes=discarded)
 
     def _expandable_toggle(self) -> bool:
         return _expandable_enabled_for_pool()

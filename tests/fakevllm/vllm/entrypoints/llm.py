@@ -124,6 +124,10 @@ class LLM:
     def wake_up(self, tags: list[str] | None = None):
         self.llm_engine.wake_up(tags)
 
+    def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
+        """0.33+ ``LLM.release_kv_cache_memory``: the engine's KV cache discarded without a sleep."""
+        self.llm_engine.release_kv_cache_memory(reset_connector)
+
     def start_profile(self, *a, **k):
         return None
 
@@ -133,3 +137,5 @@ class LLM:
 
 if _fake.V < _fake.Version("0.12.0"):
     del LLM.reset_mm_cache
+if _fake.V < _fake.Version("0.33.0"):
+    del LLM.release_kv_cache_memory

@@ -69,6 +69,8 @@ class EngineCore:
         reset_encoder_cache = LLMEngine.reset_encoder_cache
     if hasattr(LLMEngine, "reset_mm_cache"):
         reset_mm_cache = LLMEngine.reset_mm_cache
+    if hasattr(LLMEngine, "release_kv_cache_memory"):  # 0.33+
+        release_kv_cache_memory = LLMEngine.release_kv_cache_memory
 
     def is_scheduler_paused(self) -> bool:
         return self._scheduler_paused
@@ -92,6 +94,7 @@ class EngineCore:
 
     def is_sleeping(self) -> bool:
         return self.is_scheduler_paused() or self.model_executor.is_sleeping
+
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         return self._core_reset_prefix_cache(bool(reset_running_requests))

@@ -81,6 +81,17 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         return self._scheduler_paused or self.model_executor.is_sleeping
 
+    def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
+        """0.33+ ``EngineCore.release_kv_cache_memory`` (0.34: ``reset_connector``): after a completed
+        pause (here: ``sleep(level=0)``) with every tag resident, the caches reset and the KV cache
+        discarded through ``Executor.discard(("kv_cache",))``; ``wake_up(["kv_cache"])`` brings it back."""
+        if not self._scheduler_paused:
+            raise RuntimeError("release_kv_cache_memory() requires a completed pause first")
+        if self.model_executor.is_sleeping:
+            raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident")
+        self._reset_caches()
+        self.model_executor.discard(("kv_cache",))
+
     def _reset_caches(self) -> None:
         """What ``EngineCore.sleep`` resets (through ``pause_scheduler``), not the public method."""
         if _fake.V >= _fake.Version("0.17.0"):
@@ -237,3 +248,7 @@ class LLMEngine:
 
 if _fake.V < _fake.Version("0.16.0"):  # added in 0.16.0 (absent in 0.14.0)
     del LLMEngine.reset_encoder_cache
+
+
+if _fake.V < _fake.Version("0.33.0"):
+    del LLMEngine.release_kv_cache_memory

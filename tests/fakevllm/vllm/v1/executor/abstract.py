@@ -1,4 +1,4 @@
-"""Mirrors vllm/v1/executor/abstract.py ``Executor`` (sleep/wake_up guards,
+"""Mirrors vllm/v1/executor/abstract.py ``Executor`` (sleep/wake_up guards, 0.33+ ``discard``,
 ``is_sleeping`` / ``sleeping_tags`` bookkeeping, ``collective_rpc``) and
 vllm/v1/executor/uniproc_executor.py ``UniProcExecutor`` /
 ``ExecutorWithExternalLauncher`` (one worker in this process, ``driver_worker``),
@@ -88,15 +88,22 @@ class Executor:
             assert s == sets[0], "All workers should have the same LORAs."
         return sets[0]
 
+    def _sleep_refused(self) -> bool:
+        """Up to 0.32: any tag asleep refuses the sleep; 0.33+ (``v1/executor/abstract.py``): only
+        ``"weights"`` asleep does (a KV cache discarded by ``discard`` does not)."""
+        if _fake.V >= _fake.Version("0.33.0"):
+            return "weights" in self.sleeping_tags
+        return self.is_sleeping
+
     def sleep(self, level: int = 1):
-        if self.is_sleeping:
+        if self._sleep_refused():
             logger.warning("Executor is already sleeping.")
             _fake.log_event("executor_guard", what="sleep", level=level, note="Executor is already sleeping.")
             return
         time_before_sleep = time.perf_counter()
         self.collective_rpc("sleep", kwargs=dict(level=level))
         time_after_sleep = time.perf_counter()
-        self.sleeping_tags = {"weights", "kv_cache"}
+        self.sleeping_tags |= {"weights", "kv_cache"}
         self.is_sleeping = True
         logger.info("It took %.6f seconds to fall asleep.", time_after_sleep - time_before_sleep)
         _fake.log_event("sleep", level=level, seconds=time_after_sleep - time_before_sleep,
@@ -127,6 +134,24 @@ class Executor:
         if not self.sleeping_tags:
             self.is_sleeping = False
         _fake.log_event("wake_up", tags=tags, sleeping_tags=sorted(self.sleeping_tags))
+
+    def discard(self, tags: tuple[str, ...]) -> None:
+        """0.33+ ``Executor.discard``: the tags not asleep yet go to every worker's ``discard`` and are
+        marked asleep (even when the call raises); a later ``wake_up(tags)`` maps them again."""
+        tags_to_discard = set(tags) - self.sleeping_tags
+        if not tags_to_discard:
+            logger.warning("Tags %s are already sleeping.", tags)
+            return
+        try:
+            self.collective_rpc("discard", args=(tuple(tags_to_discard),))
+        finally:
+            self.sleeping_tags |= tags_to_discard
+            self.is_sleeping = True
+        _fake.log_event("discard", tags=sorted(tags_to_discard), sleeping_tags=sorted(self.sleeping_tags))
+
+
+if _fake.V < _fake.Version("0.33.0"):
+    del Executor.discard
 
 
 class UniProcExecutor(Executor):

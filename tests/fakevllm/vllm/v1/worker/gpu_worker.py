@@ -171,6 +171,13 @@ class Worker(WorkerBase):
 
     wake_up = _wake_up_gated if _fake.V >= _fake.Version("0.27.0") else _wake_up_tag_blind
 
+    def discard(self, tags: tuple[str, ...]) -> None:
+        """0.33+ ``Worker.discard`` (``v1/worker/gpu_worker.py``): the pool's allocations with ``tags``
+        released without a copy (``sleep_mode_backend.discard`` -> ``CuMemAllocator.discard``); the
+        executor marks them asleep, a later ``wake_up(tags)`` maps fresh pages."""
+        self._allocator().discard(tags)
+        _fake.log_event("worker_discard", tags=list(tags), free_bytes=self._mem_get_info()[0])
+
     def reload_weights(self, *args, **kwargs) -> None:
         self.model_runner.reload_weights(*args, **kwargs)
 
@@ -192,6 +199,9 @@ class Worker(WorkerBase):
             return set()
         return self.model_runner.list_loras()
 
+
+if _fake.V < _fake.Version("0.33.0"):
+    del Worker.discard
 
 OWN = {name: vars(Worker)[name] for name in ("__init__", "load_model", "initialize_from_config")}
 """Worker's own functions, taken before anything wraps the class: vllm-ascend's ``NPUWorker`` (the stand-in's
