@@ -132,7 +132,7 @@ def _worker_check(class_name):
         patcher.wrap(worker, "__init__", worker_check.check_init)
         patcher.wrap(worker, "sleep", worker_check.check_sleep)
         patcher.wrap(worker, "wake_up", worker_check.check_wake)
-        if callable(vars(worker).get("discard")):  # vLLM >= 0.33: the KV cache released without a sleep
+        if callable(vars(worker).get("discard")):  # vLLM >= 0.31: the KV cache released without a sleep
             patcher.wrap(worker, "discard", worker_check.check_discard)
 
     return apply

@@ -222,12 +222,12 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
                        note="already asleep: vLLM ignores this sleep")
         return result
     if wake_plan.sleep_refused(asleep):
-        # vLLM's executor ignores a sleep while any tag (>= 0.33: the weights) is asleep; the awake tag would
+        # vLLM's executor ignores a sleep while any tag (>= 0.31: the weights) is asleep; the awake tag would
         # stay mapped.
         engine.wake_up(sorted(asleep))  # through the allocator guard's wrapper when it is on
         sleep_state.note_wake(engine, asleep)
         note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
-    mapped = set(engines.TAGS) - wake_plan.asleep_tags(engine)  # >= 0.33: a discarded KV cache stays asleep
+    mapped = set(engines.TAGS) - wake_plan.asleep_tags(engine)  # >= 0.31: a discarded KV cache stays asleep
     tracked = sleep_pool.tracked_bytes(probe, tags=mapped)
     read = sleep_verdict.reading_due(state, level, tracked, sleep_verdict.check_every()) is not None
     if read:  # a device reading: the verdict on exact figures

@@ -181,7 +181,7 @@ def note_wake(obj: Any, tags: Optional[Iterable[str]] = None) -> SleepState:
 
 
 def note_discard(obj: Any, tags: Iterable[str]) -> SleepState:
-    """Tags released without a sleep (vLLM >= 0.33 ``discard``, e.g. the KV cache): asleep, the level kept;
+    """Tags released without a sleep (vLLM >= 0.31 ``discard``, e.g. the KV cache): asleep, the level kept;
     discarded weights hold nothing defined."""
     state = state_for(obj)
     tags = set(tags) & set(TAGS)

@@ -11,7 +11,7 @@ re-mapped physical pages cannot reuse blocks PyTorch caches; vLLM >= 0.30 does
 this itself). It never passes an empty tag list (vLLM would mark every tag
 awake without mapping any).
 
-vLLM >= 0.33 (read in the 0.33.0/0.34.0 wheels, ``v1/executor/abstract.py``,
+vLLM >= 0.31 (read in the 0.31.0-0.34.0 wheels, ``v1/executor/abstract.py``,
 ``device_allocator/cumem.py``): the executor forwards a wake to its workers only
 when every requested tag is asleep in its own record, which also knows the KV
 cache a ``discard`` released (``release_kv_cache_memory``); the allocator maps
@@ -33,17 +33,17 @@ def asleep_tags(obj) -> set:
     return tags if tags is not None else set(sleep_state.state_for(obj).asleep)
 
 
-_V033: list = []
+_V031: list = []
 
 
 def executor_guards() -> bool:
-    """vLLM >= 0.33: its executor guards a worker's wake and knows discarded tags (module doc)."""
-    if not _V033:
+    """vLLM >= 0.31: its executor guards a worker's wake and knows discarded tags (module doc)."""
+    if not _V031:
         from shim.engine.versions import in_range, installed
 
         version = installed("vllm")
-        _V033.append(bool(version) and in_range(version, ">=0.33.0"))
-    return _V033[0]
+        _V031.append(bool(version) and in_range(version, ">=0.31.0"))
+    return _V031[0]
 
 
 def sleep_refused(asleep) -> bool:
@@ -54,7 +54,7 @@ def sleep_refused(asleep) -> bool:
 def plan(obj, tags, as_asked: bool = False) -> "tuple[bool, object, list]":
     """``(call, tags_to_pass, woken)``: whether to call vLLM's wake_up, with which tags,
     and which tags that wakes. ``tags=None`` (everything) is passed as None. ``as_asked``:
-    vLLM's executor already checked the tags (a worker on vLLM >= 0.33): the call goes on unchanged."""
+    vLLM's executor already checked the tags (a worker on vLLM >= 0.31): the call goes on unchanged."""
     if as_asked:
         return True, tags, sorted(TAGS if tags is None else [t for t in tags if t in TAGS])
     asleep = asleep_tags(obj)

@@ -28,7 +28,7 @@ record: the engine's where the engine holds its worker, the worker's where it do
 
 The per-tag wake rule at this level (``shim.vllm.wake_plan``: only the requested tags that are
 asleep are passed) needs the worker's own record, so it applies only once the shim saw this
-worker fall asleep; before that every wake goes through as asked. On vLLM >= 0.33 the executor
+worker fall asleep; before that every wake goes through as asked. On vLLM >= 0.31 the executor
 checks the tags before it calls the worker, so the worker's wake always goes through as asked;
 ``discard`` (``release_kv_cache_memory``) is recorded (:func:`check_discard`).
 """
@@ -78,7 +78,7 @@ def check_wake(wrapped, instance, args, kwargs):
 
 
 def check_discard(wrapped, instance, args, kwargs):
-    """``Worker.discard(tags)`` (vLLM >= 0.33): the tags released without a sleep are asleep in the
+    """``Worker.discard(tags)`` (vLLM >= 0.31): the tags released without a sleep are asleep in the
     worker's record, so its next sleep and wake are measured and judged on what is still mapped."""
     result = wrapped(*args, **kwargs)
     tags = call_args.arg(wrapped, args, kwargs, "tags")

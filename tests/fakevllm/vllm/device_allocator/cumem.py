@@ -16,9 +16,9 @@ vLLM version (FAKEVLLM_VERSION):
 - >= 0.33: also reads PYTORCH_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF and the live
   allocator settings.
 
-From 0.33 (``cumem.py`` ``discard``, ``wake_up``): ``discard(tags)`` unmaps the mapped allocations
-with those tags without a CPU copy (``EngineCore.release_kv_cache_memory`` -> ``Worker.discard``),
-and ``wake_up`` maps only the allocations that are asleep (``AllocationData.is_asleep``; here: the
+From 0.31 (``cumem.py`` ``discard``): ``discard(tags)`` unmaps the mapped allocations with those
+tags without a CPU copy (``EngineCore.release_kv_cache_memory`` -> ``Worker.discard``); from 0.28
+``wake_up`` maps only the allocations that are asleep (``AllocationData.is_asleep``; here: the
 fake device's mapping), quietly.
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ class CuMemAllocator:
                     handle = data.handle
                     a = _alloc_of(handle)
                     if a is not None and a.mapped:
-                        if _fake.V >= _fake.Version("0.33.0"):  # 0.33 cumem.py: `if not data.is_asleep: continue`
+                        if _fake.V >= _fake.Version("0.28.0"):  # 0.28+ cumem.py wake_up: `if not data.is_asleep: continue`
                             continue
                         # Not verified against the C extension: re-mapping a mapped range.
                         # The fake leaves it mapped (contents kept) and records it.
@@ -172,7 +172,7 @@ class CuMemAllocator:
         _fake.log_event("allocator_wake_up", allocator=type(self).__name__, tags=tags)
 
     def discard(self, tags: tuple[str, ...] | str) -> None:
-        """0.33+ ``CuMemAllocator.discard``: the mapped allocations with ``tags`` released, contents dropped."""
+        """0.31+ ``CuMemAllocator.discard``: the mapped allocations with ``tags`` released, contents dropped."""
         if isinstance(tags, str):
             tags = (tags,)
         discarded = 0

@@ -125,7 +125,7 @@ class LLM:
         self.llm_engine.wake_up(tags)
 
     def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
-        """0.33+ ``LLM.release_kv_cache_memory``: the engine's KV cache discarded without a sleep."""
+        """0.31+ ``LLM.release_kv_cache_memory``: the engine's KV cache discarded without a sleep."""
         self.llm_engine.release_kv_cache_memory(reset_connector)
 
     def start_profile(self, *a, **k):
@@ -137,5 +137,5 @@ class LLM:
 
 if _fake.V < _fake.Version("0.12.0"):
     del LLM.reset_mm_cache
-if _fake.V < _fake.Version("0.33.0"):
+if _fake.V < _fake.Version("0.31.0"):
     del LLM.release_kv_cache_memory

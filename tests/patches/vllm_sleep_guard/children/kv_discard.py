@@ -1,4 +1,4 @@
-# A KV cache released without a sleep (vLLM 0.33+ ``release_kv_cache_memory``: pause, then
+# A KV cache released without a sleep (vLLM 0.31+ ``release_kv_cache_memory``: pause, then
 # ``Executor.discard(("kv_cache",))`` -> ``Worker.discard``), then woken with ``wake_up(["kv_cache"])``, as verl
 # and RL servers do between rollouts; then a sleep while only the KV cache is discarded. Twice: an ``AsyncLLM``
 # whose engine core and worker run in a forked process (R["async"]), and an in-process ``LLM`` (R["llm"]). Each
@@ -47,7 +47,7 @@ async def async_run():
     await rollout("after_discard")
     await engine.sleep(0)
     await engine.release_kv_cache_memory()
-    await engine.sleep(1)  # only the KV cache asleep: vLLM 0.33+ sleeps the weights too
+    await engine.sleep(1)  # only the KV cache asleep: vLLM 0.31+ sleeps the weights too
     await engine.wake_up()
     await rollout("after_sleep")
     engine.shutdown()

@@ -69,7 +69,7 @@ class EngineCore:
         reset_encoder_cache = LLMEngine.reset_encoder_cache
     if hasattr(LLMEngine, "reset_mm_cache"):
         reset_mm_cache = LLMEngine.reset_mm_cache
-    if hasattr(LLMEngine, "release_kv_cache_memory"):  # 0.33+
+    if hasattr(LLMEngine, "release_kv_cache_memory"):  # 0.31+
         release_kv_cache_memory = LLMEngine.release_kv_cache_memory
 
     def is_scheduler_paused(self) -> bool:

@@ -82,7 +82,7 @@ class LLMEngine:
         return self._scheduler_paused or self.model_executor.is_sleeping
 
     def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
-        """0.33+ ``EngineCore.release_kv_cache_memory`` (0.34: ``reset_connector``): after a completed
+        """0.31+ ``EngineCore.release_kv_cache_memory`` (0.34: ``reset_connector``): after a completed
         pause (here: ``sleep(level=0)``) with every tag resident, the caches reset and the KV cache
         discarded through ``Executor.discard(("kv_cache",))``; ``wake_up(["kv_cache"])`` brings it back."""
         if not self._scheduler_paused:
@@ -250,5 +250,5 @@ if _fake.V < _fake.Version("0.16.0"):  # added in 0.16.0 (absent in 0.14.0)
     del LLMEngine.reset_encoder_cache
 
 
-if _fake.V < _fake.Version("0.33.0"):
+if _fake.V < _fake.Version("0.31.0"):
     del LLMEngine.release_kv_cache_memory

@@ -1,4 +1,4 @@
-"""Mirrors vllm/v1/executor/abstract.py ``Executor`` (sleep/wake_up guards, 0.33+ ``discard``,
+"""Mirrors vllm/v1/executor/abstract.py ``Executor`` (sleep/wake_up guards, 0.31+ ``discard``,
 ``is_sleeping`` / ``sleeping_tags`` bookkeeping, ``collective_rpc``) and
 vllm/v1/executor/uniproc_executor.py ``UniProcExecutor`` /
 ``ExecutorWithExternalLauncher`` (one worker in this process, ``driver_worker``),
@@ -89,9 +89,9 @@ class Executor:
         return sets[0]
 
     def _sleep_refused(self) -> bool:
-        """Up to 0.32: any tag asleep refuses the sleep; 0.33+ (``v1/executor/abstract.py``): only
+        """Up to 0.30: any tag asleep refuses the sleep; 0.31+ (``v1/executor/abstract.py``): only
         ``"weights"`` asleep does (a KV cache discarded by ``discard`` does not)."""
-        if _fake.V >= _fake.Version("0.33.0"):
+        if _fake.V >= _fake.Version("0.31.0"):
             return "weights" in self.sleeping_tags
         return self.is_sleeping
 
@@ -136,7 +136,7 @@ class Executor:
         _fake.log_event("wake_up", tags=tags, sleeping_tags=sorted(self.sleeping_tags))
 
     def discard(self, tags: tuple[str, ...]) -> None:
-        """0.33+ ``Executor.discard``: the tags not asleep yet go to every worker's ``discard`` and are
+        """0.31+ ``Executor.discard``: the tags not asleep yet go to every worker's ``discard`` and are
         marked asleep (even when the call raises); a later ``wake_up(tags)`` maps them again."""
         tags_to_discard = set(tags) - self.sleeping_tags
         if not tags_to_discard:
@@ -150,7 +150,7 @@ class Executor:
         _fake.log_event("discard", tags=sorted(tags_to_discard), sleeping_tags=sorted(self.sleeping_tags))
 
 
-if _fake.V < _fake.Version("0.33.0"):
+if _fake.V < _fake.Version("0.31.0"):
     del Executor.discard
 
 

@@ -172,7 +172,7 @@ class Worker(WorkerBase):
     wake_up = _wake_up_gated if _fake.V >= _fake.Version("0.27.0") else _wake_up_tag_blind
 
     def discard(self, tags: tuple[str, ...]) -> None:
-        """0.33+ ``Worker.discard`` (``v1/worker/gpu_worker.py``): the pool's allocations with ``tags``
+        """0.31+ ``Worker.discard`` (``v1/worker/gpu_worker.py``): the pool's allocations with ``tags``
         released without a copy (``sleep_mode_backend.discard`` -> ``CuMemAllocator.discard``); the
         executor marks them asleep, a later ``wake_up(tags)`` maps fresh pages."""
         self._allocator().discard(tags)
@@ -200,7 +200,7 @@ class Worker(WorkerBase):
         return self.model_runner.list_loras()
 
 
-if _fake.V < _fake.Version("0.33.0"):
+if _fake.V < _fake.Version("0.31.0"):
     del Worker.discard
 
 OWN = {name: vars(Worker)[name] for name in ("__init__", "load_model", "initialize_from_config")}
