@@ -33,11 +33,11 @@ def probe(module):
         return reason
     if "sleep(level=2)" not in source:
         return probes.changed("VLLMGeneration._init_vllm has no sleep(level=2)")
-    try:
-        level = config.sleep_level()
-    except config.ConfigError as exc:
-        return str(exc)
-    return None if level is not None else f"{config.SHIM_SLEEP_LEVEL} is unset (TRL's own level)"
+    if config.sleep_level() is not None:
+        return None
+    bad = config.problem(config.SHIM_SLEEP_LEVEL)
+    return (f"{config.SHIM_SLEEP_LEVEL} has a bad value {bad.value!r} (TRL's own level)" if bad
+            else f"{config.SHIM_SLEEP_LEVEL} is unset (TRL's own level)")
 
 
 def apply(module, patcher):
