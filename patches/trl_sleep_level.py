@@ -24,20 +24,23 @@ ID = "trl-sleep-level"
 def probe(module):
     from shim.engine import config, probes
 
-    cls = getattr(module, "VLLMGeneration", None)
-    llm = getattr(module, "LLM", None)
-    if cls is None or not isinstance(llm, type) or not callable(getattr(llm, "sleep", None)):
-        return probes.changed("VLLMGeneration or vllm.LLM not in trl.generation.vllm_generation")
-    source, reason = probes.source(getattr(cls, "_init_vllm", None), "VLLMGeneration._init_vllm")
+    # TRL imports vllm.LLM only where vLLM is installed: without it, a plain reason, not a shape change
+    reason = probes.missing(module, ("VLLMGeneration", "LLM"), "trl.generation.vllm_generation", needs=("vllm",))
+    if reason:
+        return reason
+    llm = module.LLM
+    if not isinstance(llm, type) or not callable(getattr(llm, "sleep", None)):
+        return probes.changed("trl.generation.vllm_generation.LLM is no class with a sleep method")
+    source, reason = probes.source(getattr(module.VLLMGeneration, "_init_vllm", None), "VLLMGeneration._init_vllm")
     if source is None:
         return reason
     if "sleep(level=2)" not in source:
         return probes.changed("VLLMGeneration._init_vllm has no sleep(level=2)")
-    try:
-        level = config.sleep_level()
-    except config.ConfigError as exc:
-        return str(exc)
-    return None if level is not None else f"{config.SHIM_SLEEP_LEVEL} is unset (TRL's own level)"
+    if config.sleep_level() is not None:
+        return None
+    bad = config.problem(config.SHIM_SLEEP_LEVEL)
+    return (f"{config.SHIM_SLEEP_LEVEL} has a bad value {bad.value!r} (TRL's own level)" if bad
+            else f"{config.SHIM_SLEEP_LEVEL} is unset (TRL's own level)")
 
 
 def apply(module, patcher):

@@ -43,10 +43,10 @@ SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn 
 def _off():
     from shim.engine import config
 
-    try:
-        return None if config.verify_weights() else f"{config.SHIM_VERIFY_WEIGHTS} is off"
-    except config.ConfigError as exc:
-        return str(exc)
+    if config.verify_weights():
+        return None
+    bad = config.problem(config.SHIM_VERIFY_WEIGHTS)
+    return f"{config.SHIM_VERIFY_WEIGHTS} is off" + (f" (bad value {bad.value!r})" if bad else "")
 
 
 def _shape(module, class_name, names):

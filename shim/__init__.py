@@ -21,10 +21,11 @@ def activate(*, reach_children: bool = True) -> bool:
     ``python -m shim install``'s start-up line passes False: every interpreter of that environment
     activates already.
 
-    Returns True when active. A bad environment switch is reported in one line
-    on stderr and leaves the shim off (the user's program still runs). Under
-    SHIM_STRICT=1 a patch that failed on a module imported before this call
-    raises ``shim.engine.patch.PatchFailed``, after every patch is registered.
+    Returns True when active. A bad environment switch is one WARNING naming it and turns off only
+    what that switch controls (it reads as its default); every patch is still registered. Under
+    SHIM_STRICT=1 a bad switch raises ``shim.engine.config.ConfigError`` (nothing registered), and a
+    patch that failed on a module imported before this call raises ``shim.engine.patch.PatchFailed``,
+    after every patch is registered.
     """
     import sys
 
@@ -32,13 +33,11 @@ def activate(*, reach_children: bool = True) -> bool:
     from shim.engine.patch import PatchFailed
 
     try:
+        config.check()  # under SHIM_STRICT=1 a bad switch raises here, before its WARNING or any other line
         log.setup(debug=config.debug())
         first = not registry._registry.active
         active = registry.activate(catalog.entries(), catalog.removed())
-    except config.ConfigError as exc:
-        print(f"[shim] ERROR {exc}; shim not activated", file=sys.stderr)
-        return False
-    except PatchFailed:
+    except (config.ConfigError, PatchFailed):  # raised only under SHIM_STRICT=1: the user asked for it
         raise
     except Exception as exc:  # the shim itself is broken: say so, never break the user's program
         if config.strict():

@@ -22,7 +22,7 @@ waiting: <module> not imported, disabled, failed: <why>).
 Prints the Python and package versions, the allocator settings (PYTORCH_*_ALLOC_CONF;
 expandable segments marked) and, for each known upstream bug, whether this environment
 is affected and which patch handles it. Exit 1 when an affecting bug is left unhandled
-(its patch disabled), 0 otherwise.""",
+(its patch disabled) or a SHIM_* switch has a bad value, 0 otherwise.""",
     "report": """usage: python -m shim report TRACE... [--plot OUT.png]
 
 Per-process table of SHIM_TRACE files (run, start, rank, pid, engines, sleep/wake

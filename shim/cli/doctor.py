@@ -2,16 +2,17 @@
 
 One row per upstream bug (records of one issue are one row), only for distributions installed here;
 the bugs of packages not installed are one line. Features and checks (``Patch.kind``) are listed in
-their own section and never make the exit status. Exit 1 only for a bug that affects an installed
+their own section and never make the exit status. Exit 1 for a bug that affects an installed
 release and is not fixed in every process (its patch disabled, the shim off, or the shim not always
-on here), 0 otherwise.
+on here), or for a switch with a bad value (``SHIM_*``: one line each, what the shim does instead);
+0 otherwise.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from shim.cli.common import fail, help_asked
+from shim.cli.common import check_trace_path, fail, help_asked
 from shim.cli.install import PTH_NAME, always_on, site_packages
 from shim.engine import catalog, config
 from shim.engine.patch import FIX
@@ -62,11 +63,11 @@ def doctor(argv: list) -> int:
         return 0
     if argv:
         return fail(f"doctor: unknown argument {argv[0]!r}")
-    try:
-        off_all = config.disabled()
-        off, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
-    except config.ConfigError as exc:
-        return fail(str(exc))
+    bad = [f"{exc}; {exc.instead}" for exc in config.problems()]
+    _, trace_error = check_trace_path(os.environ.get(config.SHIM_TRACE, ""), config.SHIM_TRACE)
+    bad += [trace_error] if trace_error else []
+    off_all = config.problem(config.SHIM_DISABLED) is None and config.disabled()
+    off, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
     versions = {dist: installed(dist) for dist in DISTRIBUTIONS}
     print(f"python {sys.version.split()[0]}; " + "; ".join(
         f"{d} {v}" + (f" (device: {_device()})" if d == "torch" else "") for d, v in versions.items() if v))
@@ -76,6 +77,8 @@ def doctor(argv: list) -> int:
     routes = [f"{var}={os.environ[var]}" + ("  <- expandable segments ON" if alloc_guard.conf_expandable(os.environ[var])
                                                else "") for var in alloc_guard.ENV_VARS if var in os.environ]
     print(f"allocator: {'; '.join(routes) if routes else 'no PYTORCH_*_ALLOC_CONF set'}")
+    for line in bad:
+        print(f"BAD SWITCH: {line}")
     if unknown:
         print(f"note: {config.SHIM_DISABLED_PATCHES} names unknown id(s) {', '.join(unknown)} (ignored)")
     foreign = _foreign_shim()
@@ -122,6 +125,8 @@ def doctor(argv: list) -> int:
         patch = records[0]
         if off_all or all(p.id in off for p in records):
             state = "off (disabled)"
+        elif patch.switch and config.problem(patch.switch):
+            state = f"off ({patch.switch} has a bad value, see above)"
         elif patch.switch and not config.switched_on(patch.switch):
             state = f"off (set {patch.switch}=1 to turn it on)"
         else:
@@ -130,12 +135,16 @@ def doctor(argv: list) -> int:
             print(f"  {ids:<36} {state}: {patch.summary}")
         else:
             print(f"  {patch.issue:<36} {state} ({ids})")
+    if bad:
+        print(f"doctor: {len(bad)} switch(es) with a bad value (see BAD SWITCH above): fix them, "
+              "`vllm-sleep-shim` refuses to start with them (exit 2)")
     if unfixed:
         print(f"doctor: {len(unfixed)} known bug(s) affect this environment and are not fixed in every process: "
               f"{', '.join(unfixed)}")
         if not everywhere and not off_all:
             print("doctor: start training through the shim (`vllm-sleep-shim CMD`), or make it always on with "
                   "`python -m shim install`")
+    if bad or unfixed:
         return 1
     print("doctor: nothing known-bad left unhandled")
     return 0

@@ -51,18 +51,21 @@ def run(argv: list, usage: str) -> int:
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
-    try:  # validate with the child's environment before anything starts
-        config.validate()
+    try:  # every switch of config.ALL, with the child's environment, before anything starts
+        errors = config.problems()
         _, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
-    except config.ConfigError as exc:
-        return fail(str(exc))
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    if errors:  # one line per bad switch; COMMAND never starts
+        for exc in errors[:-1]:
+            fail(str(exc))
+        return fail(str(errors[-1]))
     if unknown:
         print(f"shim: warning: {config.SHIM_DISABLED_PATCHES}: unknown patch id(s) {', '.join(unknown)} ignored; "
               f"valid ids: {', '.join(catalog.ids())}", file=sys.stderr)
-    trace, error = check_trace_path(env.get(config.SHIM_TRACE, ""))
+    option = "--trace" if "--trace" in argv[:i] else config.SHIM_TRACE  # the path's origin, in the message
+    trace, error = check_trace_path(env.get(config.SHIM_TRACE, ""), option)
     if error:
         return fail(error)
     if trace:

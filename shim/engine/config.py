@@ -2,8 +2,11 @@
 
 Every switch is read when it is needed (not cached at import), so a test or a
 launcher can set it before the shim activates. A value outside the accepted set
-is a :class:`ConfigError` whose message names the variable and the accepted
-values.
+turns off only what that switch controls: :func:`read` (every accessor here) logs
+ONE WARNING naming the variable, the value and the accepted values, and returns the
+switch's default; every fix stays on. :func:`check` (activation) raises the
+:class:`ConfigError` instead under SHIM_STRICT=1; :func:`problems` is what the
+launcher and ``doctor`` report before anything starts.
 """
 from __future__ import annotations
 
@@ -75,48 +78,11 @@ ALL = (SHIM_DISABLED, SHIM_DISABLED_PATCHES, SHIM_STRICT, SHIM_DEBUG, SHIM_TRACE
 
 STALE_ALARM_DEFAULT = 0.05
 SUMMARY_EVERY_DEFAULT = 50
+DEVICE_CHECK_EVERY_DEFAULT = 10
+SLEEP_LEVELS = (1, 2)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
-
-
-class ConfigError(ValueError):
-    """An environment switch has a value the shim does not accept."""
-
-
-def _flag(name: str) -> bool:
-    raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(
-        f"{name}={raw!r} is not valid; accepted: 1, 0, true, false, yes, no, on, off (or unset)"
-    )
-
-
-def switched_on(name: str) -> bool:
-    """Whether the environment switch ``name`` is set to something other than off (never raises)."""
-    return os.environ.get(name, "").strip().lower() not in _FALSE
-
-
-def disabled() -> bool:
-    return _flag(SHIM_DISABLED)
-
-
-def strict() -> bool:
-    """SHIM_STRICT, read where a failure is handled: a bad value counts as off here (never raises;
-    :func:`validate` reports it once, at activation)."""
-    try:
-        return _flag(SHIM_STRICT)
-    except ConfigError:
-        return False
-
-
-def debug() -> bool:
-    return _flag(SHIM_DEBUG)
-
 
 VERIFY_OFF, VERIFY_SAMPLE, VERIFY_EXACT = "", "sample", "exact"
 VERIFY_DEFAULT = VERIFY_EXACT
@@ -125,62 +91,187 @@ Triton digest made it cheap (docs/evidence.md, "weight verification"; tests/gpu/
 holds the goal: under 1% of a GRPO step and within 5x of the floor of reading both copies once)."""
 
 
-def verify_weights() -> str:
-    """``""`` (off), ``"exact"`` (the default: ``1``) or ``"sample"`` from SHIM_VERIFY_WEIGHTS."""
-    raw = os.environ.get(SHIM_VERIFY_WEIGHTS, "")
-    value = raw.strip().lower()
-    if value in _FALSE:
-        return VERIFY_OFF
-    if value in _TRUE:
-        return VERIFY_DEFAULT
+class ConfigError(ValueError):
+    """An environment switch has a value the shim does not accept: ``name``, the ``value`` and
+    ``instead``, what the shim does with it (the default: what the switch controls stays off)."""
+
+    def __init__(self, message: str, name: str = "", value: str = "", instead: str = ""):
+        super().__init__(message)
+        self.name, self.value, self.instead = name, value, instead
+
+
+# -- parsers: the value, or ValueError for a value outside the accepted set ------------------------
+def _bool(value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError
+
+
+def _verify(value: str) -> str:
+    value = value.lower()
     if value in (VERIFY_SAMPLE, VERIFY_EXACT):
         return value
-    raise ConfigError(f"{SHIM_VERIFY_WEIGHTS}={raw!r} is not valid; accepted: 1, 0, exact, sample, true, false, "
-                      "yes, no, on, off (or unset)")
+    return VERIFY_DEFAULT if _bool(value) else VERIFY_OFF
 
 
-def trace_path() -> str | None:
+def _whole(least: int):
+    def parse(value: str) -> int:
+        if not value:
+            raise LookupError  # unset: the default
+        if not value.isdigit() or int(value) < least:
+            raise ValueError
+        return int(value)
+    return parse
+
+
+def _threshold(value: str) -> float:
+    if not value:
+        raise LookupError
+    number = float(value)  # ValueError for text
+    if not number > 0 or number == float("inf"):  # nan and inf too
+        raise ValueError
+    return number
+
+
+def _level(value: str) -> "int | None":
+    if not value:
+        return None
+    if value not in {str(level) for level in SLEEP_LEVELS}:
+        raise ValueError
+    return int(value)
+
+
+def _text(value: str) -> str:
+    return value  # any text: SHIM_TRACE's path is checked where it is opened, the disable list by id
+
+
+_BOOL = "1, 0, true, false, yes, no, on, off (or unset)"
+_SWITCHES = {  # name: (parse the stripped value, default, accepted values, what a bad value leaves on or off)
+    SHIM_DISABLED: (_bool, False, _BOOL, "the shim stays on"),
+    SHIM_DISABLED_PATCHES: (_text, "", "patch ids, comma-separated, or *", "no patch disabled"),
+    SHIM_STRICT: (_bool, False, _BOOL, "strict mode off"),
+    SHIM_DEBUG: (_bool, False, _BOOL, "debug lines off"),
+    SHIM_TRACE: (_text, "", "a file path (or unset)", "no trace"),
+    SHIM_VERIFY_WEIGHTS: (_verify, VERIFY_OFF, "1, 0, exact, sample, true, false, yes, no, on, off (or unset)",
+                          "weight verification off"),
+    SHIM_DEVICE_CHECK_EVERY: (_whole(1), DEVICE_CHECK_EVERY_DEFAULT, "a whole number >= 1 (or unset)",
+                              f"using {DEVICE_CHECK_EVERY_DEFAULT}"),
+    SHIM_STALE_ALARM: (_threshold, STALE_ALARM_DEFAULT, f"a number > 0 (default {STALE_ALARM_DEFAULT}), or unset",
+                       f"using {STALE_ALARM_DEFAULT}"),
+    SHIM_SUMMARY_EVERY: (_whole(0), SUMMARY_EVERY_DEFAULT,
+                         f"an integer >= 0 (default {SUMMARY_EVERY_DEFAULT}; 0: only the summary at exit), or unset",
+                         f"using {SUMMARY_EVERY_DEFAULT}"),
+    SHIM_SLEEP_LEVEL: (_level, None, "1, 2 (or unset: the trainer's own level)", "TRL's own sleep level is used"),
+}
+assert set(_SWITCHES) == set(ALL)
+
+_warned: set = set()
+
+
+def _parse(name: str):
+    """``(value, None)``, or ``(default, ConfigError)`` for a value outside the accepted set."""
+    parse, default, accepted, _ = _SWITCHES[name]
+    raw = os.environ.get(name, "")
+    try:
+        return parse(raw.strip()), None
+    except LookupError:  # unset or empty
+        return default, None
+    except ValueError:
+        return default, ConfigError(f"{name}={raw!r} is not valid; accepted: {accepted}", name, raw,
+                                    _SWITCHES[name][3])
+
+
+def problem(name: str) -> "ConfigError | None":
+    """The error of switch ``name``'s value, or None when it is accepted (or unset)."""
+    return _parse(name)[1]
+
+
+def problems() -> list:
+    """One :class:`ConfigError` per switch of :data:`ALL` whose value is not accepted, in that order."""
+    return [error for error in map(problem, ALL) if error is not None]
+
+
+def read(name: str):
+    """The value of switch ``name``; a bad value is ONE WARNING per process (naming the variable, the
+    value, the accepted values and what is used instead) and the switch's default. Never raises: read
+    inside wrappers, where nothing may, and a typo in one switch never turns another fix off."""
+    value, error = _parse(name)
+    if error is not None:
+        if name not in _warned:
+            _warned.add(name)
+            from shim.engine import log
+
+            log.warning(f"{error}; {error.instead}")
+    return value
+
+
+def check() -> None:
+    """At activation: under SHIM_STRICT=1 raise :class:`ConfigError` for the first bad switch, else one
+    WARNING per bad switch (each then reads as its default). Nothing to check while SHIM_DISABLED=1."""
+    if problem(SHIM_DISABLED) is None and disabled():
+        return
+    errors = problems()
+    if errors and problem(SHIM_STRICT) is None and strict():
+        raise errors[0]
+    for name in ALL:
+        read(name)
+
+
+def validate() -> None:
+    """Raise ConfigError for the first switch with a bad value (the launcher and ``status`` check
+    before anything starts)."""
+    errors = problems()
+    if errors:
+        raise errors[0]
+
+
+def switched_on(name: str) -> bool:
+    """Whether the environment switch ``name`` is set to something other than off (never raises)."""
+    return os.environ.get(name, "").strip().lower() not in _FALSE
+
+
+def disabled() -> bool:
+    return read(SHIM_DISABLED)
+
+
+def strict() -> bool:
+    """SHIM_STRICT, read where a failure is handled (a bad value: off, one WARNING)."""
+    return read(SHIM_STRICT)
+
+
+def debug() -> bool:
+    return read(SHIM_DEBUG)
+
+
+def verify_weights() -> str:
+    """``""`` (off), ``"exact"`` (the default: ``1``) or ``"sample"`` from SHIM_VERIFY_WEIGHTS."""
+    return read(SHIM_VERIFY_WEIGHTS)
+
+
+def trace_path() -> "str | None":
     return os.environ.get(SHIM_TRACE, "").strip() or None
 
 
 def stale_alarm() -> float:
     """The stale-rollout alarm's threshold (SHIM_STALE_ALARM)."""
-    raw = os.environ.get(SHIM_STALE_ALARM, "")
-    if not raw.strip():
-        return STALE_ALARM_DEFAULT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{SHIM_STALE_ALARM}={raw!r} is not valid; accepted: a number > 0 "
-                          f"(default {STALE_ALARM_DEFAULT}), or unset")
-    return value
+    return read(SHIM_STALE_ALARM)
 
 
 def summary_every() -> int:
     """Sleeps between two INFO summary lines (SHIM_SUMMARY_EVERY); 0: none until exit."""
-    raw = os.environ.get(SHIM_SUMMARY_EVERY, "")
-    if not raw.strip():
-        return SUMMARY_EVERY_DEFAULT
-    if not raw.strip().isdigit():
-        raise ConfigError(f"{SHIM_SUMMARY_EVERY}={raw!r} is not valid; accepted: an integer >= 0 "
-                          f"(default {SUMMARY_EVERY_DEFAULT}; 0: only the summary at exit), or unset")
-    return int(raw.strip())
-
-
-SLEEP_LEVELS = (1, 2)
+    return read(SHIM_SUMMARY_EVERY)
 
 
 def sleep_level() -> "int | None":
     """SHIM_SLEEP_LEVEL as an int (1 or 2), or None when unset."""
-    raw = os.environ.get(SHIM_SLEEP_LEVEL, "")
-    value = raw.strip()
-    if not value:
-        return None
-    if value in {str(level) for level in SLEEP_LEVELS}:
-        return int(value)
-    raise ConfigError(f"{SHIM_SLEEP_LEVEL}={raw!r} is not valid; accepted: 1, 2 (or unset: the trainer's own level)")
+    return read(SHIM_SLEEP_LEVEL)
+
+
+def device_check_every() -> int:
+    """SHIM_DEVICE_CHECK_EVERY (default 10)."""
+    return read(SHIM_DEVICE_CHECK_EVERY)
 
 
 def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
@@ -196,26 +287,3 @@ def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
     unknown = [x for x in items if x not in known and x not in removed]
     return frozenset(x for x in items if x in known), unknown
 
-
-def validate() -> None:
-    """Raise ConfigError for the first switch with a bad value (booleans, SHIM_VERIFY_WEIGHTS, the
-    alarm threshold, the summary interval, the sleep level)."""
-    disabled()
-    _flag(SHIM_STRICT)
-    debug()
-    verify_weights()
-    stale_alarm()
-    summary_every()
-    sleep_level()
-
-
-DEVICE_CHECK_EVERY_DEFAULT = 10
-
-
-def device_check_every() -> int:
-    raw = os.environ.get(SHIM_DEVICE_CHECK_EVERY, "").strip()
-    if not raw:
-        return DEVICE_CHECK_EVERY_DEFAULT
-    if raw.isdigit() and int(raw) >= 1:
-        return int(raw)
-    raise ConfigError(f"{SHIM_DEVICE_CHECK_EVERY}={raw!r} is not valid; accepted: a whole number >= 1 (or unset)")

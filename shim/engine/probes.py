@@ -4,7 +4,10 @@ A probe returns None when upstream looks as the fix expects, or the reason to st
 reason made with :func:`changed` (``upstream shape changed: <what>``) means the installed release
 differs from every release the patch was written for: the registry logs that stand-down as a
 WARNING (the user relied on the fix and must hear it), where "fixed upstream" or "version not in
-range" stay one INFO decision line.
+range" stay one INFO decision line. A dependency that is not importable here (TRL without vLLM:
+``if is_vllm_available(): from vllm import LLM`` leaves ``LLM`` out) is no shape change: a probe asks
+:func:`unimportable` before it looks for the names that dependency provides, and stands down with
+that plain reason (INFO).
 """
 from __future__ import annotations
 
@@ -20,16 +23,39 @@ def is_changed(reason: "str | None") -> bool:
     return bool(reason) and reason.startswith(PREFIX)
 
 
-def missing(owner, names, label: "str | None" = None, own: bool = False) -> "str | None":
+def unimportable(*names: str) -> "str | None":
+    """``"<name> not importable (...)"`` for the first of the modules ``names`` that cannot be imported in
+    this process (not installed, blocked, or its finder fails), else None. Reads ``sys.modules`` and the
+    finders only: nothing is imported. A module that is installed but was not imported by the upstream
+    module is None here: the probe's own shape check decides (that may be a real change upstream)."""
+    import importlib.util
+    import sys
+
+    for name in names:
+        if sys.modules.get(name) is not None:
+            continue
+        if name in sys.modules:  # None: imports of it are blocked
+            return f"{name} not importable (blocked: sys.modules[{name!r}] is None)"
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:
+            return f"{name} not importable ({type(exc).__name__}: {exc})"
+        if spec is None:
+            return f"{name} not importable (not installed)"
+    return None
+
+
+def missing(owner, names, label: "str | None" = None, own: bool = False, needs: tuple = ()) -> "str | None":
     """:func:`changed` naming the attributes of ``owner`` (a class or module) that are not there, or
-    None. ``own``: only the owner's own attributes count (not inherited ones)."""
+    None. ``own``: only the owner's own attributes count (not inherited ones). ``needs``: modules the
+    names come from (``("vllm",)``); one of them not importable is that plain reason instead."""
     if owner is None:
-        return changed(f"{label or '?'} not found")
+        return unimportable(*needs) or changed(f"{label or '?'} not found")
     have = vars(owner) if own else None
     gone = [n for n in names if (n not in have if own else getattr(owner, n, None) is None)]
     if not gone:
         return None
-    return changed(f"{label or getattr(owner, '__name__', owner)}.{'/'.join(gone)} not found")
+    return unimportable(*needs) or changed(f"{label or getattr(owner, '__name__', owner)}.{'/'.join(gone)} not found")
 
 
 def source(func, label: str) -> tuple:

@@ -74,22 +74,22 @@ def _entry(item) -> Entry:
 def activate(items: list, known_removed: "dict | None" = None) -> bool:
     """Register every patch's import hook. Idempotent.
 
-    ``items``: :class:`Patch` records or :class:`Entry` rows, in order. Raises
-    ``ConfigError`` for a bad switch value (the caller reports it and stays off),
-    and :class:`PatchFailed` under SHIM_STRICT after every patch is registered.
+    ``items``: :class:`Patch` records or :class:`Entry` rows, in order. A bad switch value is one
+    WARNING and that switch's default (every patch still registers); under SHIM_STRICT it raises
+    ``ConfigError`` before anything is registered, and :class:`PatchFailed` after every patch is.
     An unknown id in SHIM_DISABLED_PATCHES is one WARNING; ``known_removed`` ids
     (patches deleted on schedule) are accepted silently.
     """
     with _registry.lock:
         if _registry.active:
             return True
+        config.check()  # a bad switch: one WARNING, its default; ConfigError only under SHIM_STRICT
         if config.disabled():
             _registry.off_reason = f"{config.SHIM_DISABLED}=1"
             log.debug(f"{config.SHIM_DISABLED} is set: shim not activated")
             return False
         entries = [_entry(i) for i in items]
         ids = [e.id for e in entries]
-        config.validate()
         off, unknown = config.disabled_patches(ids, known_removed or ())
         _registry.active = True
         _registry.off_reason = ""

@@ -116,13 +116,6 @@ def record_activation(path: str) -> None:
                        "argv": list(sys.argv[:2]) if hasattr(sys, "argv") else []})
 
 
-def _summary_every() -> int:
-    try:
-        return config.summary_every()
-    except config.ConfigError:
-        return config.SUMMARY_EVERY_DEFAULT
-
-
 def emit(event: str, engine: str, seconds: float, **fields) -> dict:
     """Record one event: log line (INFO or DEBUG, see the module docstring), trace line, summary."""
     now = time.time()
@@ -142,7 +135,7 @@ def emit(event: str, engine: str, seconds: float, **fields) -> dict:
     if important or log.debugging():  # a routine line that nobody sees is not formatted
         line = _line(rec)
         if first_wake:
-            every = _summary_every()
+            every = config.summary_every()
             line += ("; further sleep/wake lines are DEBUG (SHIM_DEBUG=1 shows them), "
                      + (f"a summary every {every} sleeps or 10 minutes" if every else "a summary at exit"))
         log.event(line, important)
@@ -189,7 +182,7 @@ def _periodic_due(rec: dict, now: float) -> bool:
     if rec["event"] != "sleep":
         return False
     _periodic["sleeps"] += 1
-    every = _summary_every()
+    every = config.summary_every()
     due = (every and _periodic["sleeps"] >= every) or now - _periodic["t"] >= SUMMARY_SECONDS
     if due:
         _periodic["sleeps"], _periodic["t"] = 0, now

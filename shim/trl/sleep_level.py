@@ -27,19 +27,11 @@ from shim.engine import call_args, config, log
 OWNED = "_shim_sleep_level_owned"
 """Class attribute of :func:`engine_class`'s subclass: an engine whose sleeps follow SHIM_SLEEP_LEVEL."""
 
-_warned: list = []
-
 
 def override() -> "int | None":
-    """SHIM_SLEEP_LEVEL (1 or 2), else None. Activation validated it; a value changed to a bad one
-    later is one WARNING and the trainer's own level (inside a sleep nothing may raise)."""
-    try:
-        return config.sleep_level()
-    except config.ConfigError as exc:
-        if not _warned:
-            _warned.append(True)
-            log.warning(f"{exc}; TRL's own sleep level is used")
-        return None
+    """SHIM_SLEEP_LEVEL (1 or 2), else None; a bad value is one WARNING and the trainer's own level
+    (``config.read``: inside a sleep nothing may raise)."""
+    return config.sleep_level()
 
 
 def owned(llm) -> bool:

@@ -109,10 +109,7 @@ def record(key: str, seconds: "float | None" = None) -> None:
 
 def requested() -> str:
     """The ``SHIM_VERIFY_WEIGHTS`` mode asked for (``exact``/``sample``), or ``""`` (off or a bad value)."""
-    try:
-        return config.verify_weights()
-    except config.ConfigError:
-        return ""
+    return config.verify_weights()
 
 
 def warn_once(reason: str, message: str) -> None:

@@ -43,7 +43,7 @@ otherwise ``restored`` is the pool's bytes of the tags it woke.
 """
 from __future__ import annotations
 
-from shim.engine import config, log
+from shim.engine import config
 
 MiB = 1 << 20
 NOTHING = 64 * MiB
@@ -51,19 +51,9 @@ NOTHING = 64 * MiB
 DRIFT = 0.01
 """The pool changed since the last device reading when it tracks more than this fraction more or less."""
 
-_warned_config: list = []
-
-
 def check_every() -> int:
-    """``SHIM_DEVICE_CHECK_EVERY``; a bad value is one WARNING and the default (inside a wrapper
-    nothing may raise)."""
-    try:
-        return config.device_check_every()
-    except config.ConfigError as exc:
-        if not _warned_config:
-            _warned_config.append(True)
-            log.warning(f"{exc}; using {config.DEVICE_CHECK_EVERY_DEFAULT}")
-        return config.DEVICE_CHECK_EVERY_DEFAULT
+    """``SHIM_DEVICE_CHECK_EVERY``; a bad value is one WARNING and the default (``config.read``)."""
+    return config.device_check_every()
 
 
 def reading_due(state, level: int, tracked: int, every: int) -> "str | None":

@@ -94,11 +94,13 @@ def test_remove_restores_original():
     assert out["out"] == "original:x" and out["wrapped"] == "function"
 
 
-def test_bad_flag_value_one_line_and_inactive():
-    proc = run_python("import shim.auto, shim; print(shim.is_active())", env=clean_env(SHIM_STRICT="maybe"))
-    assert proc.stdout.strip() == "False"
-    lines = [l for l in proc.stderr.splitlines() if "shim" in l]
-    assert len(lines) == 1 and "SHIM_STRICT" in lines[0] and "accepted" in lines[0]
+def test_bad_flag_value_one_warning_and_the_patches_stay_on():
+    """A typo in one switch turns off only what it controls (here strict mode): one WARNING, the fix applies."""
+    out, err = run("import toy_patches; from shim.engine import registry\nregistry.activate([toy_patches.OK])",
+                   SHIM_STRICT="maybe")
+    assert out["decisions"] == {"toy-ok": "applied"}
+    lines = [l for l in err.splitlines() if "WARNING" in l]
+    assert len(lines) == 1 and "SHIM_STRICT='maybe'" in lines[0] and "accepted" in lines[0], err
 
 
 def test_unknown_disabled_id_warns_once_and_the_rest_keeps_working():

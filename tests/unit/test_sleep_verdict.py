@@ -105,12 +105,12 @@ def test_cheap_path_still_catches_a_sleep_the_device_did_not_follow(model_dir, t
 def test_device_check_every_bad_value_is_one_warning_and_the_default(monkeypatch):
     """Read inside a wrapper, where nothing may raise: a bad value is one WARNING naming the
     variable and the accepted values, then the default."""
-    from shim.engine import config
+    from shim.engine import config, log
     from shim.vllm import sleep_verdict
 
-    monkeypatch.setattr(sleep_verdict, "_warned_config", [])
+    monkeypatch.setattr(config, "_warned", set())
     warnings = []
-    monkeypatch.setattr(sleep_verdict.log, "warning", warnings.append)
+    monkeypatch.setattr(log, "warning", warnings.append)
     for raw, want in (("", 10), ("3", 3), ("1", 1)):
         monkeypatch.setenv(config.SHIM_DEVICE_CHECK_EVERY, raw)
         assert sleep_verdict.check_every() == want

@@ -31,6 +31,7 @@ def test_flags(monkeypatch, value, expected):
 
 
 def test_strict_never_raises_where_failures_are_handled_and_validate_reports_it(monkeypatch):
+    monkeypatch.setattr(config, "_warned", set())
     monkeypatch.setenv(config.SHIM_STRICT, "2")
     assert config.strict() is False  # a bad value is off where a failure is handled ...
     with pytest.raises(config.ConfigError, match="SHIM_STRICT='2' is not valid"):
@@ -38,9 +39,11 @@ def test_strict_never_raises_where_failures_are_handled_and_validate_reports_it(
 
 
 def test_bad_flag_names_variable_and_values(monkeypatch):
+    monkeypatch.setattr(config, "_warned", set())
     monkeypatch.setenv(config.SHIM_DEBUG, "2")
     with pytest.raises(config.ConfigError, match="SHIM_DEBUG='2' is not valid; accepted: 1, 0"):
-        config.debug()
+        raise config.problem(config.SHIM_DEBUG)
+    assert config.debug() is False  # read: the default, one WARNING (tests/unit/test_switches.py)
 
 
 def test_disabled_patches(monkeypatch):
@@ -58,13 +61,15 @@ def test_sleep_level(monkeypatch, value, expected):
 
 
 @pytest.mark.parametrize("value", ["3", "0", "one", "1.0"])
-def test_bad_sleep_level_is_one_error_and_the_shim_stays_off(value):
-    """A bad SHIM_SLEEP_LEVEL: one line naming the variable and the accepted values; nothing is hooked."""
+def test_bad_sleep_level_is_one_warning_and_the_shim_stays_on(value):
+    """A bad SHIM_SLEEP_LEVEL: one WARNING naming the variable and the accepted values; the shim is
+    active (every fix hooked), the level is the trainer's own."""
     from tests.support.helpers import clean_env, run_python
 
-    proc = run_python("import shim.auto, shim, sys; print(shim.is_active()); print('trl' in sys.modules)",
+    proc = run_python("import shim.auto, shim, sys; from shim.engine import config\n"
+                      "print(shim.is_active(), 'trl' in sys.modules, config.sleep_level())",
                       env=clean_env(SHIM_SLEEP_LEVEL=value))
-    assert proc.stdout.split() == ["False", "False"]
+    assert proc.stdout.split() == ["True", "False", "None"]
     assert proc.stderr.strip().splitlines() == [
-        f"[shim] ERROR SHIM_SLEEP_LEVEL={value!r} is not valid; accepted: 1, 2 (or unset: the trainer's own level); "
-        "shim not activated"]
+        f"[shim] WARNING SHIM_SLEEP_LEVEL={value!r} is not valid; accepted: 1, 2 (or unset: the trainer's own level); "
+        "TRL's own sleep level is used"]

@@ -593,9 +593,11 @@ def test_config_values(monkeypatch, value, mode):
 def test_config_bad_value(monkeypatch):
     from shim.engine import config
 
+    monkeypatch.setattr(config, "_warned", set())
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", "maybe")
     with pytest.raises(config.ConfigError, match="SHIM_VERIFY_WEIGHTS='maybe' is not valid"):
-        config.verify_weights()
+        config.validate()
+    assert config.verify_weights() == config.VERIFY_OFF  # read: off, one WARNING
 
 
 # ---------------------------------------------------------------------------
