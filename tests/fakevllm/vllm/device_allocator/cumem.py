@@ -16,7 +16,7 @@ vLLM version (FAKEVLLM_VERSION):
 - >= 0.33: also reads PYTORCH_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF and the live
   allocator settings.
 
-From 0.31 (``cumem.py`` ``discard``): ``discard(tags)`` unmaps the mapped allocations with those
+From 0.28 (``cumem.py`` ``discard``; called by ``Worker.discard`` from 0.31): ``discard(tags)`` unmaps the mapped allocations with those
 tags without a CPU copy (``EngineCore.release_kv_cache_memory`` -> ``Worker.discard``); from 0.28
 ``wake_up`` maps only the allocations that are asleep (``AllocationData.is_asleep``; here: the
 fake device's mapping), quietly.
@@ -172,7 +172,7 @@ class CuMemAllocator:
         _fake.log_event("allocator_wake_up", allocator=type(self).__name__, tags=tags)
 
     def discard(self, tags: tuple[str, ...] | str) -> None:
-        """0.31+ ``CuMemAllocator.discard``: the mapped allocations with ``tags`` released, contents dropped."""
+        """0.28+ ``CuMemAllocator.discard``: the mapped allocations with ``tags`` released, contents dropped."""
         if isinstance(tags, str):
             tags = (tags,)
         discarded = 0
@@ -185,6 +185,9 @@ class CuMemAllocator:
             discarded += data.handle[1]
         logger.info("CuMemAllocator: discarded %.2f GiB for tags %s.", discarded / 1024**3, tags)
         _fake.log_event("allocator_discard", allocator=type(self).__name__, tags=list(tags), nbytes=discarded)
+
+    if _fake.V < _fake.Version("0.28.0"):  # in the 0.28.0 wheel; its callers (Worker.discard) from 0.31.0
+        del discard
 
     def _expandable_toggle(self) -> bool:
         return _expandable_enabled_for_pool()

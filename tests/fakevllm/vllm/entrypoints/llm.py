@@ -124,9 +124,13 @@ class LLM:
     def wake_up(self, tags: list[str] | None = None):
         self.llm_engine.wake_up(tags)
 
-    def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
-        """0.31+ ``LLM.release_kv_cache_memory``: the engine's KV cache discarded without a sleep."""
-        self.llm_engine.release_kv_cache_memory(reset_connector)
+    # 0.31+ ``LLM.release_kv_cache_memory``: the engine's KV cache discarded without a sleep
+    if _fake.V >= _fake.Version("0.34.0"):
+        def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
+            self.llm_engine.release_kv_cache_memory(reset_connector)
+    elif _fake.V >= _fake.Version("0.31.0"):
+        def release_kv_cache_memory(self) -> None:
+            self.llm_engine.release_kv_cache_memory()
 
     def start_profile(self, *a, **k):
         return None
@@ -137,5 +141,3 @@ class LLM:
 
 if _fake.V < _fake.Version("0.12.0"):
     del LLM.reset_mm_cache
-if _fake.V < _fake.Version("0.31.0"):
-    del LLM.release_kv_cache_memory

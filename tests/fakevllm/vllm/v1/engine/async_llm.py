@@ -87,9 +87,13 @@ class AsyncLLM:
     async def wake_up(self, tags: "list[str] | None" = None) -> None:
         await self.engine_core.wake_up_async(tags)
 
-    async def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
-        """0.31+: the engine core discards its KV cache (``EngineCore.release_kv_cache_memory``)."""
-        await self.engine_core.call_utility_async("release_kv_cache_memory", reset_connector)
+    # 0.31+: the engine core discards its KV cache (``EngineCore.release_kv_cache_memory``)
+    if _fake.V >= _fake.Version("0.34.0"):
+        async def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
+            await self.engine_core.call_utility_async("release_kv_cache_memory", reset_connector)
+    elif _fake.V >= _fake.Version("0.31.0"):
+        async def release_kv_cache_memory(self) -> None:
+            await self.engine_core.call_utility_async("release_kv_cache_memory")
 
     async def is_sleeping(self) -> bool:
         return await self.engine_core.is_sleeping_async()
@@ -99,7 +103,5 @@ class AsyncLLM:
         return await self.engine_core.collective_rpc_async(method, timeout, args, kwargs)
 
 
-if _fake.V < _fake.Version("0.31.0"):
-    del AsyncLLM.release_kv_cache_memory
 if _fake.V < _fake.Version("0.16.0"):  # added in 0.16.0, as LLMEngine.reset_encoder_cache
     del AsyncLLM.reset_encoder_cache

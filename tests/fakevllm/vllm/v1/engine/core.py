@@ -71,6 +71,7 @@ class EngineCore:
         reset_mm_cache = LLMEngine.reset_mm_cache
     if hasattr(LLMEngine, "release_kv_cache_memory"):  # 0.31+
         release_kv_cache_memory = LLMEngine.release_kv_cache_memory
+        _release_kv_cache_memory = LLMEngine._release_kv_cache_memory
 
     def is_scheduler_paused(self) -> bool:
         return self._scheduler_paused

@@ -81,8 +81,8 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         return self._scheduler_paused or self.model_executor.is_sleeping
 
-    def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
-        """0.31+ ``EngineCore.release_kv_cache_memory`` (0.34: ``reset_connector``): after a completed
+    def _release_kv_cache_memory(self) -> None:
+        """0.31+ ``EngineCore.release_kv_cache_memory()`` (0.34: ``(reset_connector=True)``): after a completed
         pause (here: ``sleep(level=0)``) with every tag resident, the caches reset and the KV cache
         discarded through ``Executor.discard(("kv_cache",))``; ``wake_up(["kv_cache"])`` brings it back."""
         if not self._scheduler_paused:
@@ -91,6 +91,13 @@ class LLMEngine:
             raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident")
         self._reset_caches()
         self.model_executor.discard(("kv_cache",))
+
+    if _fake.V >= _fake.Version("0.34.0"):
+        def release_kv_cache_memory(self, reset_connector: bool = True) -> None:
+            self._release_kv_cache_memory()
+    elif _fake.V >= _fake.Version("0.31.0"):
+        def release_kv_cache_memory(self) -> None:
+            self._release_kv_cache_memory()
 
     def _reset_caches(self) -> None:
         """What ``EngineCore.sleep`` resets (through ``pause_scheduler``), not the public method."""
@@ -249,6 +256,3 @@ class LLMEngine:
 if _fake.V < _fake.Version("0.16.0"):  # added in 0.16.0 (absent in 0.14.0)
     del LLMEngine.reset_encoder_cache
 
-
-if _fake.V < _fake.Version("0.31.0"):
-    del LLMEngine.release_kv_cache_memory
