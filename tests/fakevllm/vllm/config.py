@@ -52,6 +52,8 @@ class ModelConfig:
 class CacheConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: Optional[int] = None
+    num_gpu_blocks_override: Optional[int] = None
+    enable_extensible_kv_cache: Optional[bool] = None  # 0.34; resolved by EngineArgs.create_engine_config
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
     block_size: int = 16

@@ -20,6 +20,10 @@ Model:
 - The bypass (pytorch#147851): in bypass mode (NPU, or FAKEVLLM_TORCH=old), an
   allocation requested inside ``use_memory_pool`` while expandable segments are
   on lands OUTSIDE the pool.
+- Torch's per-process cap (``torch.cuda.set_per_process_memory_fraction``, vLLM 0.34's extensible KV
+  cache sets it): a caching-allocator allocation fails when torch's reserved bytes (pool segments,
+  mapped or not, plain blocks and its cache; not driver-mapped memory such as that KV cache) would pass
+  ``fraction x total``, as ``CUDACachingAllocator`` refuses to grow past it.
 - The expandable-segments setting is read from the environment at first device
   use (CUDA, as torch parses it: PYTORCH_CUDA_ALLOC_CONF, then -- ROCm only --
   PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF; NPU: PYTORCH_NPU_ALLOC_CONF,
@@ -66,6 +70,7 @@ class Allocation:
         self.label = label
         self.payload = payload
         self.mapped = True
+        self.torch_owned = True  # False: driver-mapped memory torch does not reserve (0.34's KV cache)
         self.pool = None        # the sleep allocator that tracks it, or None
         self.tag = None
         self.freed = False
@@ -116,6 +121,7 @@ class FakeDevice:
         self.settings: dict[str, str] = {}
         self.env_at_init: dict[str, str | None] = {}
         self.active_pool = None           # (allocator, tag) while inside use_memory_pool
+        self.fraction = 1.0               # torch.cuda.set_per_process_memory_fraction
         self.lock = threading.RLock()
 
     # -- allocator configuration ------------------------------------------
@@ -157,14 +163,20 @@ class FakeDevice:
     def used(self) -> int:
         return self.context + self.cache_bytes + self.stranded_bytes + sum(a.nbytes for a in self.allocations.values() if a.mapped)
 
+    def torch_reserved(self) -> int:
+        """``torch.cuda.memory_reserved()``: torch's segments (a sleep pool's stay reserved while unmapped)."""
+        return self.cache_bytes + sum(a.nbytes for a in self.allocations.values() if a.torch_owned)
+
     def mem_get_info(self) -> tuple[int, int]:
         self.ensure_init()
         with self.lock:
             return max(self.total - self.used(), 0), self.total
 
-    def allocate(self, nbytes: int, label: str = "tensor", payload=None, ptr: int | None = None) -> Allocation:
+    def allocate(self, nbytes: int, label: str = "tensor", payload=None, ptr: int | None = None,
+                 torch_owned: bool = True) -> Allocation:
         """Allocate device memory; inside ``use_memory_pool`` it goes to the pool
-        unless the bypass applies. ``ptr``: the address (default: a fresh fake one)."""
+        unless the bypass applies. ``ptr``: the address (default: a fresh fake one). ``torch_owned``
+        False: mapped by the driver outside torch (no pool, no cap)."""
         self.ensure_init()
         with self.lock:
             nbytes = int(nbytes)
@@ -173,10 +185,18 @@ class FakeDevice:
                 raise OutOfMemoryError(
                     f"{'NPU' if self.device_type == 'npu' else 'CUDA'} out of memory. Tried to allocate "
                     f"{nbytes / 2**30:.2f} GiB; {(self.total - self.used()) / 2**30:.2f} GiB free")
+            limit = self.fraction * self.total
+            if torch_owned and self.fraction < 1.0 and self.torch_reserved() - reuse + nbytes > limit:
+                raise OutOfMemoryError(
+                    f"CUDA out of memory. Tried to allocate {nbytes / 2**30:.2f} GiB; "
+                    f"{(self.total - self.used()) / 2**30:.2f} GiB free; this process has a memory cap of "
+                    f"{limit / 2**30:.2f} GiB (set_per_process_memory_fraction), "
+                    f"{self.torch_reserved() / 2**30:.2f} GiB reserved by PyTorch")
             self.cache_bytes -= reuse
             a = Allocation(next(self._ptr) if ptr is None else int(ptr), nbytes, label, payload)
             self.allocations[a.ptr] = a
-            if self.active_pool is not None:
+            a.torch_owned = torch_owned
+            if self.active_pool is not None and torch_owned:
                 allocator, tag = self.active_pool
                 if bypass_mode() and self.expandable_segments:
                     log_event("pool_bypass", label=label, nbytes=nbytes, tag=tag,
@@ -208,7 +228,7 @@ class FakeDevice:
             self.allocations.pop(a.ptr, None)
             if a.pool is not None:
                 a.pool._python_free_callback(a.ptr)
-            elif a.mapped:
+            elif a.mapped and a.torch_owned:
                 self.cache_bytes += a.nbytes  # back to the caching allocator
 
     def unmap(self, a: Allocation) -> None:
@@ -253,6 +273,7 @@ class FakeDevice:
             self._initialised = False
             self.settings = {}
             self.active_pool = None
+            self.fraction = 1.0
 
 
 DEVICE = FakeDevice(DEVICE_TYPE, int(TOTAL_GB * 2**30))
@@ -281,6 +302,12 @@ def _get_allocator_settings():
     return DEVICE.allocator_settings_string()
 
 
+def _set_fraction(fraction: float, device=None) -> None:
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    DEVICE.fraction = float(fraction)
+
+
 def _install_cuda() -> None:
     import torch.cuda
     import torch.cuda.memory as cmem
@@ -291,6 +318,9 @@ def _install_cuda() -> None:
     torch.cuda.empty_cache = _empty_cache
     cmem.empty_cache = _empty_cache
     torch.cuda.synchronize = _synchronize
+    torch.cuda.set_per_process_memory_fraction = cmem.set_per_process_memory_fraction = _set_fraction
+    torch.cuda.get_per_process_memory_fraction = cmem.get_per_process_memory_fraction = lambda device=None: DEVICE.fraction
+    torch.cuda.memory_reserved = cmem.memory_reserved = lambda device=None: DEVICE.torch_reserved()
     cmem._set_allocator_settings = _set_allocator_settings
     cmem._fakevllm_get_allocator_settings = _get_allocator_settings
     torch.cuda._fakevllm_installed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from vllm import _fake
 from vllm.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
 
@@ -26,6 +27,8 @@ class EngineArgs:
     seed: Optional[int] = 0
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: Optional[int] = None
+    num_gpu_blocks_override: Optional[int] = None
+    enable_extensible_kv_cache: Optional[bool] = None
     swap_space: float = 4
     cpu_offload_gb: float = 0
     enforce_eager: bool = False
@@ -78,6 +81,8 @@ class EngineArgs:
                          quantization=self.quantization)
         cc = CacheConfig(gpu_memory_utilization=self.gpu_memory_utilization,
                          kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                         num_gpu_blocks_override=self.num_gpu_blocks_override,
+                         enable_extensible_kv_cache=_extensible_kv_cache(self),
                          enable_prefix_caching=True if self.enable_prefix_caching is None
                          else self.enable_prefix_caching)
         pc = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
@@ -93,3 +98,22 @@ class EngineArgs:
 
 
 AsyncEngineArgs = EngineArgs
+
+
+def _extensible_kv_cache(args) -> bool:
+    """0.34 ``VllmConfig._resolve_extensible_kv_cache``: on by default on CUDA unless the KV cache is sized
+    by ``kv_cache_memory_bytes`` or ``num_gpu_blocks_override``; an explicit True where unsupported fails."""
+    if _fake.V < _fake.Version("0.34.0"):
+        return False
+    unsupported = None
+    if _fake.DEVICE_TYPE != "cuda":
+        unsupported = "it is only supported on CUDA and ROCm"
+    elif args.kv_cache_memory_bytes is not None:
+        unsupported = "it sizes the KV cache from measured memory, which kv_cache_memory_bytes overrides"
+    elif args.num_gpu_blocks_override is not None:
+        unsupported = "it sizes the KV cache from measured memory, which num_gpu_blocks_override overrides"
+    if args.enable_extensible_kv_cache is None:
+        return unsupported is None
+    if args.enable_extensible_kv_cache and unsupported:
+        raise ValueError(f"enable_extensible_kv_cache: {unsupported}")
+    return bool(args.enable_extensible_kv_cache)

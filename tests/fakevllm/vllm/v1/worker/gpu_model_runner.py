@@ -250,8 +250,17 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     reload_weights = _reload_weights_016 if _fake.V >= _fake.Version("0.16.0") else _reload_weights_015
 
     def initialize_kv_cache(self, nbytes: int) -> None:
-        self.kv_alloc = DEVICE.allocate(nbytes, label="kv_cache")
+        """0.34 with ``enable_extensible_kv_cache``: the cache is driver-mapped memory outside the pool
+        (``v1/worker/extensible_kv_cache.py``), ``self.extensible_kv_cache``."""
+        if getattr(self.cache_config, "enable_extensible_kv_cache", False):
+            from vllm.v1.worker.extensible_kv_cache import ExtensibleKVCache
+            self.extensible_kv_cache = ExtensibleKVCache(nbytes)
+            self.kv_alloc = self.extensible_kv_cache.alloc
+        else:
+            self.kv_alloc = DEVICE.allocate(nbytes, label="kv_cache")
         _fake.log_event("initialize_kv_cache", nbytes=nbytes, in_pool=self.kv_alloc.pool is not None)
+
+    extensible_kv_cache = None
 
     def reset_prefix_cache(self) -> bool:
         self.prefix_cache.clear()

@@ -100,6 +100,10 @@ class Worker(WorkerBase):
             self.model_runner.initialize_kv_cache(kv_cache_bytes)
 
     def compile_or_warm_up_model(self) -> None:
+        kv_cache = self.model_runner.extensible_kv_cache
+        if kv_cache is not None:  # 0.34: measure_kv_cache_blocks after the warm-up caps torch
+            from vllm.v1.worker.extensible_kv_cache import measure_kv_cache_blocks
+            measure_kv_cache_blocks(kv_cache)
         from vllm.utils import gc_utils
         if gc_utils.WORKER_FREEZES:  # 0.24.0 gpu_worker.py:774, after the warm-up
             gc_utils.freeze_gc_heap()
@@ -114,6 +118,8 @@ class Worker(WorkerBase):
             model = self.model_runner.model
             self._sleep_saved_buffers = {name: buffer.cpu().clone() for name, buffer in model.named_buffers()}
         allocator = self._allocator()
+        if self.model_runner.extensible_kv_cache is not None:  # 0.34: outside the pool, the cap stays
+            self.model_runner.extensible_kv_cache.release_physical()
         allocator.sleep(offload_tags=("weights",) if level == 1 else tuple())
         free_bytes_after_sleep, total = self._mem_get_info()
         freed_bytes = free_bytes_after_sleep - free_bytes_before_sleep
@@ -144,6 +150,7 @@ class Worker(WorkerBase):
         wake_weights = tags is None or "weights" in tags
         if wake_weights and len(self._sleep_saved_buffers):
             self._restore_saved_buffers(tags)
+        self._recommit_kv(tags)
         self._log_wake(tags)
 
     def _restore_saved_buffers(self, tags) -> None:
@@ -163,6 +170,12 @@ class Worker(WorkerBase):
         self._sleep_saved_buffers = {}
         _fake.log_event("buffer_restore", lost=False, n_buffers=n, tags=tags)
 
+    def _recommit_kv(self, tags) -> None:
+        """0.34 ``Worker.wake_up``: the extensible KV cache backed again when ``kv_cache`` wakes."""
+        kv_cache = self.model_runner.extensible_kv_cache
+        if kv_cache is not None and (tags is None or "kv_cache" in tags):
+            kv_cache.recommit()
+
     def _log_wake(self, tags) -> None:
         r = self.model_runner
         _fake.log_event("worker_wake_up", tags=tags, weights_fp=r.weights_fp(),
@@ -175,11 +188,20 @@ class Worker(WorkerBase):
         """0.31+ ``Worker.discard`` (``v1/worker/gpu_worker.py``): the pool's allocations with ``tags``
         released without a copy (``sleep_mode_backend.discard`` -> ``CuMemAllocator.discard``); the
         executor marks them asleep, a later ``wake_up(tags)`` maps fresh pages."""
+        kv_cache = self.model_runner.extensible_kv_cache
+        if kv_cache is not None and "kv_cache" in tags:  # 0.34: outside the allocator pool, like in sleep
+            kv_cache.release_physical()
         self._allocator().discard(tags)
         _fake.log_event("worker_discard", tags=list(tags), free_bytes=self._mem_get_info()[0])
 
     def reload_weights(self, *args, **kwargs) -> None:
-        self.model_runner.reload_weights(*args, **kwargs)
+        """0.34: inside ``kv_cache_lent_for_weight_update`` (torch's cap lifted for the update)."""
+        kv_cache = self.model_runner.extensible_kv_cache
+        if kv_cache is None:
+            return self.model_runner.reload_weights(*args, **kwargs)
+        from vllm.v1.worker.extensible_kv_cache import kv_cache_lent_for_weight_update
+        with kv_cache_lent_for_weight_update(kv_cache, self.model_runner.model):
+            return self.model_runner.reload_weights(*args, **kwargs)
 
     def reset_prefix_cache(self) -> bool:
         return self.model_runner.reset_prefix_cache()
