@@ -3,9 +3,13 @@
 One row per upstream bug (records of one issue are one row), only for distributions installed here;
 the bugs of packages not installed are one line. Features and checks (``Patch.kind``) are listed in
 their own section and never make the exit status. Exit 1 for a bug that affects an installed
-release and is not fixed in every process (its patch disabled, the shim off, or the shim not always
-on here), or for a switch with a bad value (``SHIM_*``: one line each, what the shim does instead);
-0 otherwise.
+release and is not fixed in every process (its patch disabled, the shim off, or the shim reaching
+neither every interpreter here nor this process and its children: :func:`_activation`), or for a
+switch with a bad value (``SHIM_*``: one line each, what the shim does instead); 0 otherwise.
+
+Doctor judges the way it was started, as the training would be started the same way: under the
+launcher (``vllm-sleep-shim python -m shim doctor``, ``python -m shim python -m shim doctor``) every
+process is fixed, as it is with the ``.pth`` start-up line of ``python -m shim install``.
 """
 from __future__ import annotations
 
@@ -58,6 +62,36 @@ def _foreign_shim() -> "str | None":
     return origin
 
 
+def _on(path: str, entries) -> bool:
+    real = os.path.realpath(path)
+    return any(p and os.path.realpath(p) == real for p in entries)
+
+
+def _activation(off_all: bool) -> tuple:
+    """``(route, line)``: how the shim reaches this process and the Python processes it starts. ``route``
+    is '' when it does not reach them all (a bug it fixes is then "only where the shim runs"), else a
+    few words for the rows: the ``.pth`` start-up line (every interpreter here); the launcher (its
+    bootstrap directory was on PYTHONPATH when this interpreter started, so on ``sys.path``, and it
+    activated the shim; every child inherits that PYTHONPATH); ``import shim.auto`` in this process
+    (active, the bootstrap directory on ``os.environ["PYTHONPATH"]`` for the processes it starts)."""
+    import shim
+
+    pth = always_on()
+    if pth:
+        return "always on", pth
+    boot = shim.bootstrap_dir()
+    active = shim.is_active()
+    if _on(boot, sys.path):
+        if active or off_all:  # SHIM_DISABLED=1 makes its own verdict on every row
+            return "through the launcher", (f"through the launcher ({boot} on PYTHONPATH): this process and every "
+                                            "Python process it starts; start training the same way")
+        return "", (f"{boot} is on PYTHONPATH but the shim is not active in this process (python -S?); "
+                    f"not always on here (no {PTH_NAME}.pth in {site_packages()})")
+    if active and _on(boot, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        return "import shim.auto", "import shim.auto in this process: it and the Python processes it starts"
+    return "", f"not always on here (no {PTH_NAME}.pth in {site_packages()})"
+
+
 def doctor(argv: list) -> int:
     if help_asked("doctor", argv):
         return 0
@@ -85,9 +119,8 @@ def doctor(argv: list) -> int:
     if foreign:
         print(f"WARNING: in {os.getcwd()} `import shim` resolves to {foreign}, not this package; "
               f"launch with `vllm-sleep-shim ...` and rename that file")
-    everywhere = always_on()
-    print(f"activation: {everywhere or 'not always on here (no ' + PTH_NAME + '.pth in ' + site_packages() + ')'}"
-          + (f"; {config.SHIM_DISABLED}=1: the shim is off" if off_all else ""))
+    everywhere, line = _activation(off_all)
+    print(f"activation: {line}" + (f"; {config.SHIM_DISABLED}=1: the shim is off" if off_all else ""))
     patches = catalog.all_patches()
     fixes = [p for p in patches if p.kind == FIX]
     here = [p for p in fixes if installed(p.distribution)]
@@ -130,7 +163,7 @@ def doctor(argv: list) -> int:
         elif patch.switch and not config.switched_on(patch.switch):
             state = f"off (set {patch.switch}=1 to turn it on)"
         else:
-            state = "on (always on)" if everywhere else "on where the shim runs"
+            state = f"on ({everywhere})" if everywhere else "on where the shim runs"
         if len(records) == 1:
             print(f"  {ids:<36} {state}: {patch.summary}")
         else:

@@ -18,8 +18,8 @@ def site_packages() -> str:
 
 
 def always_on() -> str:
-    """How the shim reaches every interpreter here, or '' (the .pth start-up line, or this process
-    started under the launcher's bootstrap)."""
+    """How the shim reaches every interpreter here (the .pth start-up line), or ''. The launcher and
+    ``import shim.auto`` reach one process tree: ``shim.cli.doctor._activation`` tells those apart."""
     pth = os.path.join(site_packages(), PTH_NAME + ".pth")
     if os.path.exists(pth):
         return f"always on ({pth})"

@@ -25,17 +25,21 @@ def _package():
     module = sys.modules.get(PACKAGE)
     if module is not None:
         return module
-    import importlib
-
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # shim/
     checkout = os.path.join(os.path.dirname(here), "patches")
     if os.path.isdir(os.path.join(here, "patches")) or not os.path.isfile(os.path.join(checkout, "__init__.py")):
-        return importlib.import_module(PACKAGE)
-    import importlib.util
+        __import__(PACKAGE)  # not importlib.import_module: ``importlib`` imports ``warnings`` at start-up
+        return sys.modules[PACKAGE]
+    # importlib.util's two functions, from the import system's own modules (always loaded):
+    # ``import importlib.util`` costs ~3 ms at start-up (contextlib, collections, functools, ...).
+    try:
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import spec_from_file_location
+    except ImportError:  # not CPython
+        from importlib.util import module_from_spec, spec_from_file_location
 
-    spec = importlib.util.spec_from_file_location(PACKAGE, os.path.join(checkout, "__init__.py"),
-                                                  submodule_search_locations=[checkout])
-    module = importlib.util.module_from_spec(spec)
+    spec = spec_from_file_location(PACKAGE, os.path.join(checkout, "__init__.py"), submodule_search_locations=[checkout])
+    module = module_from_spec(spec)
     sys.modules[PACKAGE] = module
     try:
         spec.loader.exec_module(module)

@@ -10,9 +10,8 @@ e.g. ``("trl", "1.9.2")``). ``python -m shim status``, ``doctor`` and the README
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # annotations only
+TYPE_CHECKING = False  # not ``from typing import TYPE_CHECKING``: typing (and re, collections) at start-up
+if TYPE_CHECKING:  # annotations only; type checkers read the name as True
     from types import ModuleType
     from typing import Callable
 

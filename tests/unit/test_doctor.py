@@ -4,13 +4,18 @@ import re
 import subprocess
 import sys
 
+from tests.support import stand_in
 from tests.support.envs import trl_path
 from tests.support.helpers import REPO, clean_env
 
 
-def doctor(*path, **env):
-    proc = subprocess.run([sys.executable, "-m", "shim", "doctor"], capture_output=True, text=True, cwd=str(REPO),
-                          timeout=300, env=clean_env(PYTHONPATH=os.pathsep.join([str(REPO), *map(str, path)]), **env))
+def doctor(*path, launcher=(), args=(), **env):
+    """``python -m shim doctor`` with ``path`` after this checkout on PYTHONPATH; ``launcher``: what goes before
+    it (``[sys.executable, "-m", "shim"]``: the README's ``vllm-sleep-shim python -m shim doctor``); ``args``:
+    interpreter options."""
+    proc = subprocess.run([*launcher, sys.executable, *args, "-m", "shim", "doctor"], capture_output=True, text=True,
+                          cwd=str(REPO), timeout=300,
+                          env=clean_env(PYTHONPATH=os.pathsep.join([str(REPO), *map(str, path)]), **env))
     return proc.returncode, proc.stdout
 
 
@@ -51,3 +56,28 @@ def test_allocator_setting_read_with_the_guards_parser_last_key_wins():
     assert "expandable segments ON" not in off, off  # the guard reads it as off: so does doctor
     _, on = doctor(PYTORCH_NPU_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True")
     assert "PYTORCH_NPU_ALLOC_CONF=max_split_size_mb:64,expandable_segments:True  <- expandable segments ON" in on
+
+
+LAUNCHER = (sys.executable, "-m", "shim")
+
+
+def test_under_the_launcher_every_process_is_fixed_exit_0():
+    """Issue 29 item 2: doctor run the README's way (``vllm-sleep-shim python -m shim doctor``) judges that
+    launch: the bootstrap reaches this process and every process it starts, so TRL 1.9.2's and vLLM's bugs
+    are fixed everywhere (exit 0), where a plain ``python -m shim doctor`` still says they are not (exit 1)."""
+    path = (trl_path("1.9.2"), stand_in.site())
+    code, out = doctor(*path, launcher=LAUNCHER)
+    assert "not fixed in every process" not in out and "start training through the shim" not in out, out
+    assert re.search(r"^activation: through the launcher \(.*_bootstrap on PYTHONPATH\): this process and every", out, re.M)
+    assert re.search(r"^  huggingface/trl#5312 +affected \(trl 1\.9\.2\); fixed by trl-stale-weights$", out, re.M), out
+    assert re.search(r"^  vllm-project/vllm#45619 +affected \(vllm 0\.24\.0\); fixed by vllm-level2-buffers$", out, re.M), out
+    assert code == 0 and out.rstrip().endswith("doctor: nothing known-bad left unhandled"), out
+    code, plain = doctor(*path)
+    assert code == 1 and "not fixed in every process" in plain and "huggingface/trl#5312" in plain, plain
+    # under the launcher but the shim off in this process: not fixed, as before
+    code, off = doctor(*path, launcher=LAUNCHER, SHIM_DISABLED="1")
+    assert code == 1 and "SHIM_DISABLED=1: the shim is off" in off, off
+    # python -S: the bootstrap never ran in that process (nor can doctor read version ranges there: no
+    # site-packages, no packaging; its exit status says nothing, its activation line does)
+    _, no_site = doctor(*path, launcher=LAUNCHER, args=("-S",))
+    assert "_bootstrap is on PYTHONPATH but the shim is not active in this process" in no_site, no_site
