@@ -43,6 +43,8 @@ INDEX = (
     ("vllm-sleep-guard", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-sleep-check", "vllm_sleep_guard", "vllm.v1.engine.llm_engine"),
     ("vllm-llm-sleep-check", "vllm_sleep_guard", "vllm.entrypoints.llm"),
+    # the torch cap's wrappers innermost: the cap is off before the worker's check judges the sleep
+    ("vllm-torch-cap-sleep", "vllm_torch_cap", "vllm.v1.worker.gpu_worker"),
     # the worker's guard before its check (the check's wrapper outside, as on LLMEngine)
     ("vllm-worker-sleep-guard", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),
     ("vllm-worker-sleep-check", "vllm_sleep_guard", "vllm.v1.worker.gpu_worker"),

@@ -34,6 +34,17 @@ class Probe:
     def empty_cache(self) -> None:
         self.module.empty_cache()
 
+    def torch_cap(self) -> "tuple | None":
+        """``(cap, reserved)`` bytes where torch's caching allocator is capped for this process
+        (``set_per_process_memory_fraction`` below 1), else None; never raises."""
+        try:
+            fraction = float(self.module.get_per_process_memory_fraction())
+            if fraction >= 1.0:
+                return None
+            return int(fraction * self.mem_get_info()[1]), int(self.module.memory_reserved())
+        except Exception:
+            return None
+
     def set_allocator_settings(self, setting: str) -> bool:
         memory = getattr(self.module, "memory", None)
         setter = getattr(memory, "_set_allocator_settings", None)

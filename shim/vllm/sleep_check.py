@@ -49,6 +49,7 @@ from shim.vllm import (
     alloc_guard,
     buffers,
     engines,
+    extensible_kv,
     first_sleep_reset,
     memory,
     sleep_pool,
@@ -228,10 +229,11 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         sleep_state.note_wake(engine, asleep)
         note = f"{','.join(sorted(asleep))} was asleep: woke it first, vLLM ignores a sleep while any tag is asleep"
     mapped = set(engines.TAGS) - wake_plan.asleep_tags(engine)  # >= 0.31: a discarded KV cache stays asleep
-    tracked = sleep_pool.tracked_bytes(probe, tags=mapped)
+    outside = extensible_kv.outside_pool_bytes(engine)  # 0.34: the KV cache's pages, outside the pool
+    tracked = sleep_pool.tracked_bytes(probe, tags=mapped) + outside
     read = sleep_verdict.reading_due(state, level, tracked, sleep_verdict.check_every()) is not None
     if read:  # a device reading: the verdict on exact figures
-        tracked = sleep_pool.tracked_bytes(probe, exact=True, tags=mapped)
+        tracked = sleep_pool.tracked_bytes(probe, exact=True, tags=mapped) + outside
     result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
     if level >= 2:
         note = "; ".join(x for x in (note, buffers.kept_note(engine)) if x)
@@ -243,8 +245,15 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         note = "; ".join(x for x in (note, "not verified: vLLM does not report every tag asleep after this sleep; "
                                            "the next sleep reads the device") if x)
     else:
-        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed, sleep_pool.tracked_bytes(probe))
+        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed,
+                                                    sleep_pool.tracked_bytes(probe) + outside)
         state.schedule.read_next = not effective
+        hidden = sleep_verdict.capped(probe, m.freed)
+        if hidden:
+            note = "; ".join(x for x in (note, "freed, but this process cannot use it (torch memory cap)") if x)
+            if not state.measure.capped_warned:
+                state.measure.capped_warned = True
+                log.warning(f"sleep {name} level={level}: {hidden}.")
     shim_s = (t0 - entered) + (time.perf_counter() - t1)
     events.emit("sleep", name, t1 - t0, level=level, tracked=m.tracked, freed=m.freed, effective=effective,
                    asleep=sorted(state.asleep), free=m.free, total=m.total, measured=m.how, note=note, shim_s=shim_s)

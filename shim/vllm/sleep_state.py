@@ -76,6 +76,8 @@ class Measurement:
     wakes: int = 0
     ineffective: int = 0
     reset: str = ""
+    torch_cap: Optional[int] = None
+    capped_warned: bool = False
 
 
 @dataclass

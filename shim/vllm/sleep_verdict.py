@@ -103,3 +103,28 @@ def judge(state, tracked: int, freed: int, pool: "int | None" = None) -> tuple:
                        "or referenced elsewhere)",
                 "check for a second engine or allocator instance in this process; run SHIM_DEBUG=1")
     return True, "", ""
+
+
+def capped(probe, freed: int) -> "str | None":
+    """Freed, but this process cannot use it: the words of the WARNING where torch's per-process cap
+    (``set_per_process_memory_fraction``; vLLM 0.34's extensible KV cache sets one) leaves torch less room
+    than the device has free, hiding at least half of what the sleep freed; else None."""
+    if not freed or freed < NOTHING:
+        return None
+    cap = probe.torch_cap()
+    if cap is None:
+        return None
+    limit, reserved = cap
+    free = probe.mem_get_info()[0]
+    room = max(limit - reserved, 0)
+    hidden = min(freed, max(free - room, 0))
+    if hidden * 2 < freed:
+        return None
+    from shim.observe.events import gib
+
+    return (f"the sleep freed {gib(freed)} GiB, but this process cannot use {gib(hidden)} GiB of it: torch's "
+            f"per-process memory cap is {gib(limit)} GiB with {gib(reserved)} GiB reserved, room for {gib(room)} "
+            f"GiB of the {gib(free)} GiB free; likely cause: vLLM >= 0.34's extensible KV cache "
+            f"(set_per_process_memory_fraction, never lifted by a sleep) or a cap set by the program; fix: keep "
+            f"the shim's vllm-torch-cap-sleep on, or build the engine with kv_cache_memory_bytes (no extensible "
+            f"KV cache)")
