@@ -1,4 +1,5 @@
-"""Mirrors vllm/device_allocator/__init__.py (AllocationData, HandleType)."""
+"""Mirrors vllm/device_allocator/__init__.py (AllocationData, HandleType; from 0.34 ``discardable_allocations``)."""
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -11,3 +12,25 @@ class AllocationData:
     handle: HandleType
     tag: str
     cpu_backup_tensor: "torch.Tensor | object | None" = None
+
+
+def discardable_allocations(pointer_to_data: Mapping, tensors: Collection[int]) -> set:
+    """0.34 ``discardable_allocations``: the "weights" allocations every live tensor of which starts at one of
+    ``tensors`` (the storage addresses of the parameters a level-2 sleep may discard). Upstream walks the
+    weights pools' ``snapshot()`` blocks; the stand-in has no MemPool, so it reads the allocator's
+    ``pointer_to_data`` and what each fake allocation holds (its payload's ``storage_ptrs``). An allocation
+    whose contents the stand-in does not know is kept."""
+    from vllm._fake.device import DEVICE
+
+    if not tensors:
+        return set()
+    tensors = set(tensors)
+    out = set()
+    for ptr, data in pointer_to_data.items():
+        if data.tag != "weights":
+            continue
+        a = DEVICE.allocations.get(ptr)
+        held = getattr(getattr(a, "payload", None), "storage_ptrs", None)
+        if held is not None and held() <= tensors:
+            out.add(ptr)
+    return out
