@@ -17,7 +17,10 @@ CUDA is available, and sets ``PYTORCH_CUDA_ALLOC_CONF`` to
 it BY NAME, and 4.x's ``sleep_vllm_engine`` calls it through ``utils``: the
 shim rebinds the name in the rollout mixin (and, for 4.x, in ``utils``) to
 ``shim.vllm.alloc_guard``: ``False`` suspends expandable segments on every route
-and the live setting, ``True`` puts back exactly what the user had.
+and the live setting, ``True`` puts back exactly what the user had. On CUDA with
+vLLM 0.33+ both leave every route alone (``alloc_guard.upstream_covers``: vLLM turns
+expandable segments off around its pool itself and keeps the user's other options),
+so the user's string is never overwritten there either.
 
 4.x has two more by-name importers of the helper (same shape, same binding):
 

@@ -5,12 +5,15 @@ Upstream: vllm-project/vllm#45619 (gate the level-2 buffer restore on the weight
           (read in the 0.25.0/0.26.0/0.27.0 wheels); vllm-ascend NPUWorker.wake_up is tag-blind in every
           release (0.23.0, 0.25.1rc1, main). Plain tensors: RFC vllm-project/vllm#53343,
           NVIDIA-NeMo/RL#2631, vllm#39934 -- Worker.sleep(level=2) saves named_buffers() only (0.24.0;
-          0.33.0 adds sleep_preserve_parameter_names, parameters only, and the drafter's buffers)
+          0.33.0 adds sleep_preserve_parameter_names, parameters only, and the drafter's buffers); fixed
+          in 0.34.0: level 2 discards only the pool allocations that hold nothing but parameters
+          (Worker._discardable_parameters, device_allocator/__init__.py::discardable_allocations) and
+          offloads the rest of the weights tag like level 1; _sleep_saved_buffers is gone
 Affects:  vllm >=0.8.0,<0.27.0; vllm-ascend >=0.13.0 (vllm_ascend.worker.worker); a trainer that wakes
-          kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29). Plain tensors: every vLLM
-          >=0.8.0 and vllm-ascend >=0.13.0rc1 (level 2, tensors allocated in the weights pool)
+          kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29). Plain tensors: vLLM
+          >=0.8.0,<0.34.0 and vllm-ascend >=0.13.0rc1 (level 2, tensors allocated in the weights pool)
 Remove:   buffers: when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the restore; plain
-          tensors: when vLLM's level-2 sleep saves module attributes that are neither parameters nor buffers
+          tensors: when the shim's minimum vLLM is >=0.34.0 and vllm-ascend's level-2 sleep keeps them
 
 Buffers: the saved buffers are copied into the still-unmapped weight memory:
 CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
@@ -26,8 +29,9 @@ restore writes it back. The patch wraps the worker's ``sleep`` (host copies of t
 before a level-2 sleep, counted in the shim's sleep line) and ``wake_up`` (written back once the
 weights are mapped); it skips views of parameters and buffers and, where the pushes go through
 vLLM's reload (``trl-push-reprocess``), the attention layers' attributes the push re-derives
-(``shim.vllm.buffers``). The probe reads ``sleep`` and stands down where it saves module
-attributes itself.
+(``shim.vllm.buffers``). From vLLM 0.34 the record stands down as fixed upstream (range; the probe
+also stands down on a pre-release whose ``Worker`` has ``_discardable_parameters``); the probe reads
+``sleep`` and stands down where it saves module attributes itself.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -108,13 +112,15 @@ GPU_PLAIN = Patch(
     tested_at=("vllm", "0.24.0"),
     issue="vllm-project/vllm#53343",
     distribution="vllm",
-    affected=">=0.8.0",
+    affected=">=0.8.0,<0.34.0",
+    fixed_in="0.34.0",
     module="vllm.v1.worker.gpu_worker",
     apply=_apply_gpu_plain,
     probe=_probe_gpu_plain,
     summary="a level-2 sleep keeps the plain tensor attributes allocated in the weights pool (host copies, restored "
             "at the weights wake; views of parameters/buffers and what the next push re-derives skipped)",
-    verified="CPU: vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized kv_b_proj) and 0.10.2 (matrices on the impl)",
+    verified="CPU: vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized kv_b_proj), 0.10.2 (matrices on the impl), "
+             "0.33.0 (a plain attribute); 0.34.0 keeps it itself (stands down)",
 )
 
 NPU_PLAIN = Patch(

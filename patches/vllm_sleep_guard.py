@@ -6,7 +6,10 @@ Upstream: modelscope/ms-swift#6636 (first sleep frees 0.00 GiB on Ascend); pytor
           asserts on the PYTORCH_NPU_ALLOC_CONF string and never toggles (every release so far)
 Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <0.33 on torch builds that
           bypass, and every vllm-ascend on NPU; verification, per-tag wake and telemetry: every release);
-          vllm-ascend >=0.13.0rc1 (its NPUWorker, vllm_ascend.worker.worker)
+          vllm-ascend >=0.13.0rc1 (its NPUWorker, vllm_ascend.worker.worker). On CUDA/ROCm with vLLM 0.33+
+          the guard records stand down (fixed upstream: device_allocator/alloc_conf.py rewrites the whole
+          allocator string around the pool; the guard's bare live write would drop the user's
+          max_split_size_mb / garbage_collection_threshold / roundup_power2_divisions)
 Remove:   guard when the shim's minimum vLLM is >=0.33 and vllm-ascend toggles expandable segments itself;
           the verification and telemetry have no upstream equivalent
 
@@ -73,6 +76,15 @@ def _no_device():
     return "no CUDA or NPU device (torch.cuda / torch.npu): no device memory to manage"
 
 
+def _guard_needed():
+    """Stand down where vLLM keeps expandable segments off around its pool on every route itself and the
+    guard's live write would only drop the user's other allocator options (CUDA, vLLM 0.33+:
+    ``shim.vllm.alloc_guard.upstream_covers``); the NPU guard stays (vllm-ascend only asserts)."""
+    from shim.vllm import alloc_guard, memory
+
+    return alloc_guard.upstream_covers(memory.probe())
+
+
 def _shape(owner, names):
     missing = [n for n in names if not callable(getattr(owner, n, None))]
     return changed(f"{owner.__name__} lacks {', '.join(missing)}") if missing else None
@@ -96,9 +108,9 @@ _WORKER_GUARDED = ("load_model", "initialize_from_config", "wake_up")
 _WORKER_CHECKED = ("__init__", "sleep", "wake_up")
 
 
-def _probe_worker(names, class_name="Worker", own=False):
+def _probe_worker(names, class_name="Worker", own=False, guard=False):
     """``own``: the class itself must define ``names`` (NPUWorker: what it inherits is not the method the
-    records are written for)."""
+    records are written for). ``guard``: the allocator guard's record (:func:`_guard_needed`)."""
     def probe(module):
         worker = getattr(module, class_name, None)
         if worker is None:
@@ -106,9 +118,13 @@ def _probe_worker(names, class_name="Worker", own=False):
         missing = [n for n in names if not callable(vars(worker).get(n))] if own else []
         if missing:
             return changed(f"{class_name} defines no {', '.join(missing)}")
-        return _shape(worker, names) or _no_device()
+        return _shape(worker, names) or _no_device() or (_guard_needed() if guard else None)
 
     return probe
+
+
+def _probe_engine_guard(module):
+    return _probe_engine(module) or _guard_needed()
 
 
 def _worker_guard(class_name):
@@ -182,10 +198,11 @@ GUARD = Patch(
     affected=_AFFECTED,
     module="vllm.v1.engine.llm_engine",
     apply=_apply_guard,
-    probe=_probe_engine,
+    probe=_probe_engine_guard,
     summary="expandable segments off (4 env vars + live setting) while a sleep-mode engine is built or woken; "
-            "the user's setting restored exactly afterwards",
-    verified="CPU: vLLM stand-in, NPU and old-torch CUDA bypass modes, every route",
+            "the user's setting restored exactly afterwards (stands down on CUDA with vLLM 0.33+, which does it "
+            "itself and keeps the user's other allocator options)",
+    verified="CPU: vLLM stand-in, NPU and old-torch CUDA bypass modes, every route; 0.33.0/0.34.0 CUDA stand down",
 )
 
 CHECK = Patch(
@@ -225,7 +242,7 @@ WORKER_GUARD = Patch(
     affected=_AFFECTED,
     module="vllm.v1.worker.gpu_worker",
     apply=_worker_guard("Worker"),
-    probe=_probe_worker(_WORKER_GUARDED),
+    probe=_probe_worker(_WORKER_GUARDED, guard=True),
     summary="as vllm-sleep-guard, in the worker's process (AsyncLLM / multiprocessing engine core): "
             "Worker.load_model, initialize_from_config and wake_up",
     verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked",
@@ -254,7 +271,7 @@ NPU_WORKER_GUARD = Patch(
     affected=">=0.13.0rc1",
     module="vllm_ascend.worker.worker",
     apply=_worker_guard("NPUWorker"),
-    probe=_probe_worker(_WORKER_GUARDED, "NPUWorker", own=True),
+    probe=_probe_worker(_WORKER_GUARDED, "NPUWorker", own=True, guard=True),
     summary="as vllm-worker-sleep-guard, on vllm-ascend's NPUWorker (its own methods: the records on Worker miss it)",
     verified="CPU: vLLM stand-in in NPU mode, AsyncLLM engine core forked",
 )

@@ -28,8 +28,20 @@ So: vLLM < 0.33 on CUDA/ROCm needs the ``PYTORCH_ALLOC_CONF`` / HIP / live part
 (on torch builds that bypass; torch 2.11 + vLLM 0.24 was measured not to), vLLM
 <= 0.20.0 also needs the ``PYTORCH_CUDA_ALLOC_CONF`` rewrite to pass its
 assert, and every vllm-ascend needs both the ``PYTORCH_NPU_ALLOC_CONF``
-rewrite (its assert) and the live setting off (the actual bypass). vLLM >= 0.33
-needs nothing; the guard is then a no-op in effect (both agree on "off").
+rewrite (its assert) and the live setting off (the actual bypass).
+
+vLLM >= 0.33 on CUDA/ROCm needs nothing, and the guard there would do harm: vLLM's
+``use_memory_pool`` reads the live config (else the three env vars) and rewrites the
+WHOLE string with only ``expandable_segments`` flipped (``device_allocator/alloc_conf.py``,
+0.33.0 = 0.34.0; ``cumem.py`` 0.33.0:391-394 / 0.34.0:418-421), because torch's
+``parseArgs`` resets ``max_split_size_mb``, ``roundup_power2_divisions`` and
+``garbage_collection_threshold`` whenever a string leaves them out (c10
+``AllocatorConfig.cpp``) -- which the guard's bare ``expandable_segments:False`` /
+``:True`` live write does, dropping the user's values for the rest of the process.
+:func:`upstream_covers` tells that case (vLLM's ``alloc_conf`` module importable, the
+device CUDA): the guard records stand down there (fixed upstream), :func:`suspend` leaves
+every route alone and :func:`routes_on` reports none (expandable segments on are no
+risk to the pool). The NPU part is unchanged: vllm-ascend still only asserts.
 
 :func:`expandable_segments_off` is a re-entrant context manager: on entry each
 of the four env vars that enables expandable segments is rewritten with only
@@ -84,6 +96,28 @@ def conf_without_expandable(value: str) -> str:
     items = value.split(",")
     out = [f"{KEY}:False" if item.partition(":")[0].strip() == KEY else item for item in items]
     return ",".join(out)
+
+
+_covered: dict = {}      # device name -> the reason vLLM covers every route there, or None (read once)
+
+
+def upstream_covers(probe) -> "str | None":
+    """Why the guard has nothing to do on ``probe``'s device, or None: on CUDA/ROCm, a vLLM whose
+    ``vllm.device_allocator.alloc_conf`` (0.33+) rewrites the allocator config around its sleep pool."""
+    if probe is None or probe.name != "cuda":
+        return None
+    if probe.name not in _covered:
+        try:
+            from vllm.device_allocator import alloc_conf
+        except Exception:  # no vLLM, or one before 0.33
+            alloc_conf = None
+        ok = alloc_conf is not None and all(
+            callable(getattr(alloc_conf, name, None)) for name in ("current_alloc_conf", "with_conf_flag", "set_alloc_conf"))
+        _covered[probe.name] = (
+            "fixed upstream: vLLM turns expandable segments off itself on every route (PYTORCH_ALLOC_CONF, "
+            "PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF, the live setting) and keeps the user's other "
+            "allocator options (vllm.device_allocator.alloc_conf, vLLM 0.33+)") if ok else None
+    return _covered[probe.name]
 
 
 def env_routes() -> dict:
@@ -157,7 +191,10 @@ def live_expandable(probe) -> "bool | None":
 
 
 def routes_on(probe) -> list:
-    """Names of the routes that turn expandable segments on now (env vars, then "live setting")."""
+    """Names of the routes that turn expandable segments on now (env vars, then "live setting"); none where
+    vLLM turns them off itself around its pool (:func:`upstream_covers`)."""
+    if upstream_covers(probe):
+        return []
     routes = list(env_routes())
     if live_expandable(probe):
         routes.append("live setting")
@@ -190,7 +227,10 @@ def _set_live(probe, on: bool) -> None:
 
 def _enter(probe) -> _Token:
     """Off on every route; on any failure (an interrupt included) the env strings are put
-    back before the exception leaves, so a failed suspend leaves nothing suspended."""
+    back before the exception leaves, so a failed suspend leaves nothing suspended. Nothing
+    at all where vLLM does it itself (:func:`upstream_covers`)."""
+    if upstream_covers(probe):
+        return _Token({}, False, [])
     saved = env_routes()
     try:
         for name, value in saved.items():

@@ -62,8 +62,10 @@ def probe_restore(cls) -> "str | None":
 # ---------------------------------------------------------------------------
 # plain tensor attributes (neither parameters nor buffers) across a level-2 sleep
 # ---------------------------------------------------------------------------
-# vLLM's level-2 sleep saves ``model.named_buffers()`` only (``Worker.sleep``; 0.33 adds the
-# parameters named by ``sleep_preserve_parameter_names`` and the drafter's buffers). A tensor a
+# Up to vLLM 0.33, the level-2 sleep saves ``model.named_buffers()`` only (``Worker.sleep``; 0.33 adds the
+# parameters named by ``sleep_preserve_parameter_names`` and the drafter's buffers). 0.34 fixes it
+# (``Worker._discardable_parameters``: only allocations holding nothing but parameters are discarded, the
+# rest of the weights pool is offloaded like level 1; ``vllm-level2-tensors`` stands down there). A tensor a
 # module keeps as a plain attribute -- MLA's ``W_UK_T`` / ``W_UV`` where ``kv_b_proj`` is quantized
 # (``process_weights_after_loading``, vLLM 0.16-0.32 on the layer, <= 0.15 on ``layer.impl``), the
 # ``q_range`` / ``k_range`` / ``v_range`` constants of ``set_default_quant_scales``, a quant kernel's
@@ -210,12 +212,20 @@ def kept_note(engine) -> str:
             f"the host, restored at the weights wake")
 
 
+FIXED_034 = "fixed upstream (level 2 discards only the allocations holding nothing but parameters: " \
+            "Worker._discardable_parameters, vLLM 0.34)"
+
+
 def probe_plain(cls) -> "str | None":
     """None where ``cls`` defines ``sleep`` and ``wake_up`` and its ``sleep`` (or the one it calls through
-    ``super()``) saves the buffers, and nothing else, at level 2."""
+    ``super()``) saves the buffers, and nothing else, at level 2. Fixed upstream where the worker picks the
+    parameters a level-2 sleep may discard (vLLM 0.34 ``Worker._discardable_parameters``: everything else in
+    the weights pool is offloaded and restored), or where its sleep saves module attributes."""
     missing = [name for name in ("sleep", "wake_up") if name not in vars(cls)]
     if missing:
         return changed(f"{cls.__name__} defines no {'/'.join(missing)}")
+    if any(callable(vars(klass).get("_discardable_parameters")) for klass in cls.__mro__):
+        return FIXED_034
     for klass in cls.__mro__:
         sleep = vars(klass).get("sleep")
         if sleep is None:

@@ -31,10 +31,11 @@ re-derived plain attribute into the storage it had before the push -- inside the
 where the CUDA graphs point -- and puts that tensor back (0.33 does the same for MLA with
 ``replace_parameter``). One that changed shape or dtype stays new (one DEBUG line).
 
-Before 0.16 (no layerwise reload): the push runs as it is, then every attention layer whose own
-parameters or ``kv_b_proj`` it wrote re-runs its ``process_weights_after_loading`` (MLA re-derives;
-the quantized / repacked linear and MoE layers cannot be redone without the layerwise reload), with
-the same copy-back.
+Before 0.16 (no layerwise reload), or where vLLM's ``initialize_layerwise_reload`` fails: the push runs
+as it is, then every attention layer whose own parameters or ``kv_b_proj`` it wrote re-runs its
+``process_weights_after_loading``, called with the signature the installed class has (:func:`_reprocess`:
+``(act_dtype)`` up to 0.33, no argument from 0.34). MLA re-derives; the quantized / repacked linear and
+MoE layers cannot be redone without the layerwise reload. The same copy-back follows.
 """
 from __future__ import annotations
 
@@ -151,6 +152,26 @@ def _touched_attention(model, written: set) -> list:
     return out
 
 
+def _reprocess(module, dtype) -> None:
+    """``module.process_weights_after_loading`` called with the signature its class has: ``(act_dtype)`` up to
+    vLLM 0.33 (``Attention`` / ``MLAAttention``), no argument from 0.34 (the layer reads its own
+    ``act_dtype``)."""
+    from shim.engine import call_args
+
+    hook = module.process_weights_after_loading
+    try:
+        call_args.signature(hook).bind(dtype)
+        takes_dtype = True
+    except TypeError:  # takes no dtype (0.34)
+        takes_dtype = False
+    except ValueError:  # no signature to read: the older form
+        takes_dtype = True
+    if takes_dtype:
+        hook(dtype)
+    else:
+        hook()
+
+
 class _Push:
     """One push into ``model``: ``model.load_weights`` is wrapped (an instance attribute) for its duration.
     The first call opens vLLM's layerwise reload -- not before: the trainer's ``wake_up(["weights"])`` comes
@@ -222,7 +243,7 @@ def session(llm):
                     push.layerwise[1](model, runner.model_config)
         if not push.opened:
             for module in _touched_attention(model, push.written):
-                module.process_weights_after_loading(runner.model_config.dtype)
+                _reprocess(module, runner.model_config.dtype)
     finally:
         setattr(model, IN_SESSION, False)
         moved = _put_back(snapshot)

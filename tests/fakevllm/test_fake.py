@@ -169,12 +169,18 @@ def test_bypass(model_dir, tmp_path, case, env, setup, after, bypass):
         assert r["freed_gib"] > 30 and r["pool"] > 0, (case, r)
 
 
-def test_allocator_settings_keep_other_keys(model_dir):
+def test_allocator_settings_write_resets_like_torch(model_dir):
+    """torch's CUDA ``parseArgs`` (c10/core/AllocatorConfig.cpp) puts max_split_size_mb,
+    roundup_power2_divisions and garbage_collection_threshold back to their defaults before each parse:
+    a live write that does not name them drops the user's values; other options keep theirs."""
     r = run(model_dir, """
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
         RESULT["s"] = torch.cuda.memory._fakevllm_get_allocator_settings()
-    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"})
-    assert r["s"] == "max_split_size_mb:128,expandable_segments:True"
+        RESULT["last"] = dev.last_conf
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,pinned_use_cuda_host_register:True,"
+                                        "expandable_segments:False"})
+    assert r["s"] == "pinned_use_cuda_host_register:True,expandable_segments:True"
+    assert r["last"] == "expandable_segments:True"
 
 
 def test_old_vllm_asserts_on_cuda_conf(model_dir, tmp_path):
@@ -244,6 +250,25 @@ def make_site_dir(tmp_path, version: str) -> str:
     sys.path.insert(0, HERE)
     import make_site
     return make_site.make_site(str(tmp_path / f"s{version}"), version=version)
+
+
+@pytest.mark.parametrize("version,preserve,draft_kept,target_kept", [
+    ("0.33.0", "", False, False),
+    ("0.33.0", "draft.*", True, False),
+    ("0.34.0", "", False, False),
+    ("0.34.0", "draft.*", True, False),
+    ("0.34.0", "draft.*,model.*,lm_head.*", True, True),
+])
+def test_level2_033_034(model_dir, tmp_path, version, preserve, draft_kept, target_kept):
+    """Level 2 with a drafter: its parameters are discarded like the target's (vllm#52479) unless
+    ``sleep_preserve_parameter_names`` names them (0.33: host copies restored at the weights wake; 0.34: their
+    allocations offloaded instead of discarded). The buffers come back in both; 0.34 saves none itself
+    (``_sleep_saved_buffers`` gone, ``_discardable_parameters`` instead)."""
+    site = make_site_dir(tmp_path, version)
+    r = run(model_dir, CHILDREN / "level2_drafter_and_preserve.py",
+            env={"PYTHONPATH": site, "FAKEVLLM_VERSION": version, "TEST_PRESERVE": preserve})
+    assert (r["draft_kept"], r["target_kept"], r["buffers_kept"]) == (draft_kept, target_kept, True), r
+    assert (r["saved_buffers_attr"], r["discardable_method"]) == ((False, True) if version == "0.34.0" else (True, False))
 
 
 def test_mla_unquantized_derives_views(mla_dir):

@@ -22,6 +22,7 @@ class ModelConfig:
     model_impl: str = "auto"
     quantization: Optional[str] = None
     hf_config: Any = None
+    sleep_preserve_parameter_names: list = field(default_factory=list)  # 0.33+ (config/model.py)
 
     def __post_init__(self):
         # vLLM resolves ``dtype`` to a torch.dtype (``_get_and_verify_dtype``); the fake runs every

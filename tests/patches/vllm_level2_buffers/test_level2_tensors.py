@@ -17,6 +17,7 @@ import pytest
 from tests.support.stand_in import run
 
 BODY = Path(__file__).parent / "children" / "plain_tensors.py"  # a stand_in body
+ATTRIBUTE = Path(__file__).parent / "children" / "plain_attribute.py"  # a stand_in body
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,38 @@ def test_vllm_010_matrices_on_the_impl(model_dir):
     assert on["derived_back"] is True and on["same_output"] is True, proc.stderr
 
 
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model(str(tmp_path_factory.mktemp("dense") / "m"), seed=0)
+
+
+def test_vllm_033_plain_attribute_lost_without_the_shim(dense_dir):
+    """0.33: the level-2 sleep saves buffers (and preserved parameters), not a plain attribute in the weights
+    pool (``set_default_quant_scales(register_buffer=False)``'s ``q_range`` ...)."""
+    off, _ = run(dense_dir, ATTRIBUTE, shim=False, version="0.33.0")
+    assert off["attribute_back"] is False and off["buffers_back"] is True  # the bug
+    on, proc = run(dense_dir, ATTRIBUTE, shim=True, version="0.33.0")
+    assert on["attribute_back"] is True and on["same_output"] is True, proc.stderr
+    assert on["decision"] == "applied" and on["alarm_names_it"] is False
+
+
+def test_vllm_034_keeps_plain_attributes_itself(dense_dir):
+    """0.34 fixed vllm#53343 (``Worker._discardable_parameters`` + ``discardable_allocations``): only the
+    allocations holding nothing but parameters are discarded, the buffers and the plain attribute are offloaded
+    and restored -- without the shim. The record stands down as fixed upstream (never "shape changed"), so the
+    stale-rollout alarm does not name it as a patch not acting."""
+    off, proc = run(dense_dir, ATTRIBUTE, shim=False, version="0.34.0")
+    assert off["params_discarded"] is True and off["discarded_allocations"] == 1, proc.stderr  # level 2 still
+    assert off["attribute_back"] is True and off["buffers_back"] is True and off["same_output"] is True
+    assert off["saved_buffers_attr"] is False  # _sleep_saved_buffers is gone in 0.34
+    on, proc = run(dense_dir, ATTRIBUTE, shim=True, version="0.34.0")
+    assert on["decision"] == "stand down: fixed upstream in 0.34.0", proc.stderr
+    assert on["alarm_names_it"] is False
+    assert on["attribute_back"] is True and on["same_output"] is True
+
+
 def test_views_of_parameters_are_not_copied(model_dir):
     """Unquantized: W_UV is a view of kv_b_proj.weight; the push rewrites it, nothing is kept."""
     on, proc = run(model_dir, BODY, shim=True)
@@ -118,10 +151,21 @@ def test_probe_stands_down_where_sleep_saves_module_attributes():
     class Inherits(Worker):
         pass
 
+    class Discards(Worker):  # vLLM 0.34: the sleep names the parameters it may discard, saves nothing itself
+        def _discardable_parameters(self, model):
+            return set()
+
+        def sleep(self, level=1):
+            pass
+
+        def wake_up(self, tags=None):
+            pass
+
     assert buffers.probe_plain(Worker) is None
     assert buffers.probe_plain(Delegates) is None  # vllm-ascend style: its sleep, the save through super()
     assert buffers.probe_plain(Fixed).startswith("fixed upstream")
     assert buffers.probe_plain(Inherits).startswith("upstream shape changed")
+    assert buffers.probe_plain(Discards) == buffers.FIXED_034  # a 0.34 pre-release, inside the range
 
 
 def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):

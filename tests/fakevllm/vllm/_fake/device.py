@@ -8,7 +8,8 @@ c10/cuda/CUDAAllocatorConfig.h (torch_npu: NPUAllocatorConfig.cpp).
 
 It patches, as hardware stand-ins, ``torch.cuda.mem_get_info``,
 ``torch.cuda.empty_cache``, ``torch.cuda.synchronize`` and
-``torch.cuda.memory._set_allocator_settings`` (CUDA mode; ``torch.cuda.is_available()``
+``torch.cuda.memory._set_allocator_settings`` (and, where torch has them,
+``torch._C._accelerator_set/getAllocatorSettings``) (CUDA mode; ``torch.cuda.is_available()``
 is left False), or provides the same functions as ``torch.npu`` (NPU mode,
 see npu/torch_npu).
 
@@ -28,6 +29,14 @@ Model:
   use (CUDA, as torch parses it: PYTORCH_CUDA_ALLOC_CONF, then -- ROCm only --
   PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF; NPU: PYTORCH_NPU_ALLOC_CONF,
   then PYTORCH_ALLOC_CONF) and changed live by ``_set_allocator_settings``.
+  On CUDA every parse (the env at first use, each live write) first puts
+  ``max_split_size_mb``, ``roundup_power2_divisions`` and
+  ``garbage_collection_threshold`` back to their defaults, then applies the
+  string: a write that does not name them drops the user's values; every other
+  option keeps its value (torch ``c10/core/AllocatorConfig.cpp`` ``parseArgs``,
+  also described in vLLM 0.33/0.34 ``device_allocator/alloc_conf.py``). The last
+  string parsed is what torch reports as ``allocator_settings`` in a memory
+  snapshot (``last_conf``; vLLM 0.33+ reads it as the live config).
 """
 from __future__ import annotations
 
@@ -87,6 +96,10 @@ class TensorPayload:
         self.ref = weakref.ref(tensor)
         self._garbage_seed = 0
 
+    def storage_ptrs(self) -> set:
+        t = self.ref()
+        return set() if t is None else {t.untyped_storage().data_ptr()}
+
     def backup(self):
         t = self.ref()
         return None if t is None else t.detach().clone()
@@ -119,6 +132,7 @@ class FakeDevice:
         self._ptr = itertools.count(1 << 60, 0x100000)
         self._initialised = False
         self.settings: dict[str, str] = {}
+        self.last_conf: str = ""           # torch's last_allocator_settings_ (CUDA)
         self.env_at_init: dict[str, str | None] = {}
         self.active_pool = None           # (allocator, tag) while inside use_memory_pool
         self.fraction = 1.0               # torch.cuda.set_per_process_memory_fraction
@@ -143,6 +157,7 @@ class FakeDevice:
             self._initialised = True
             name, val = self._env_conf()
             self.settings = _parse_conf(val or "")
+            self.last_conf = val or ""
             self.env_at_init = {"var": name, "value": val}
             log_event("device_init", device=self.device_type, conf_var=name, conf=val,
                       expandable=self.expandable_segments, total=self.total)
@@ -151,8 +166,15 @@ class FakeDevice:
     def expandable_segments(self) -> bool:
         return self.settings.get("expandable_segments", "False") == "True"
 
+    RESET_ON_PARSE = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold")
+    """What torch's CUDA ``parseArgs`` puts back to its default before each parse (see the module doc)."""
+
     def set_allocator_settings(self, s: str) -> None:
         self.ensure_init()
+        if self.device_type == "cuda":
+            for key in self.RESET_ON_PARSE:
+                self.settings.pop(key, None)
+            self.last_conf = s
         self.settings.update(_parse_conf(s))
 
     def allocator_settings_string(self) -> str:
@@ -272,6 +294,7 @@ class FakeDevice:
             self.stranded_bytes = 0
             self._initialised = False
             self.settings = {}
+            self.last_conf = ""
             self.active_pool = None
             self.fraction = 1.0
 
@@ -308,6 +331,12 @@ def _set_fraction(fraction: float, device=None) -> None:
     DEVICE.fraction = float(fraction)
 
 
+def _last_allocator_settings():
+    """torch's ``_accelerator_getAllocatorSettings``: the string the allocator config last parsed."""
+    DEVICE.ensure_init()
+    return DEVICE.last_conf
+
+
 def _install_cuda() -> None:
     import torch.cuda
     import torch.cuda.memory as cmem
@@ -323,6 +352,12 @@ def _install_cuda() -> None:
     torch.cuda.memory_reserved = cmem.memory_reserved = lambda device=None: DEVICE.torch_reserved()
     cmem._set_allocator_settings = _set_allocator_settings
     cmem._fakevllm_get_allocator_settings = _get_allocator_settings
+    # torch >= 2.9's accelerator-wide pair (what vLLM 0.33+'s ``set_alloc_conf`` and the shim's guard reach
+    # first): the fake device's config, not the CPU build's own
+    if hasattr(torch._C, "_accelerator_setAllocatorSettings"):
+        torch._C._accelerator_setAllocatorSettings = _set_allocator_settings
+    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        torch._C._accelerator_getAllocatorSettings = _last_allocator_settings
     torch.cuda._fakevllm_installed = True
 
 

@@ -1,5 +1,6 @@
 """Mirrors vllm/device_allocator/cumem.py: CuMemAllocator (singleton
-``get_instance``, ``use_memory_pool(tag)``, ``sleep(offload_tags)``,
+``get_instance``, ``use_memory_pool(tag)``, ``sleep(offload_tags)`` (0.34: ``sleep(offload_tags,
+discardable)``, see ``_sleep_034``),
 ``wake_up(tags)``, ``get_current_usage``).
 
 The C extension (cumem_allocator.cpp: my_malloc/my_free, create_and_map,
@@ -13,13 +14,15 @@ vLLM version (FAKEVLLM_VERSION):
   string, turns expandable segments off with
   ``torch.cuda.memory._set_allocator_settings("expandable_segments:False")`` and
   back on afterwards (PYTORCH_ALLOC_CONF or a live setting are not seen);
-- >= 0.33: also reads PYTORCH_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF and the live
-  allocator settings.
+- >= 0.33: reads the live allocator config, else PYTORCH_ALLOC_CONF,
+  PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF (``device_allocator/alloc_conf.py``),
+  and rewrites the whole string with only expandable_segments flipped, so the
+  user's other options survive.
 
-From 0.28 (``cumem.py`` ``discard``; called by ``Worker.discard`` from 0.31): ``discard(tags)`` unmaps the mapped allocations with those
-tags without a CPU copy (``EngineCore.release_kv_cache_memory`` -> ``Worker.discard``); from 0.28
-``wake_up`` maps only the allocations that are asleep (``AllocationData.is_asleep``; here: the
-fake device's mapping), quietly.
+From 0.28 (``cumem.py`` ``discard``; called by ``Worker.discard`` from 0.31): ``discard(tags)`` unmaps
+the mapped allocations with those tags without a CPU copy (``EngineCore.release_kv_cache_memory`` ->
+``Worker.discard``); from 0.28 ``wake_up`` maps only the allocations that are asleep
+(``AllocationData.is_asleep``; here: the fake device's mapping), quietly.
 """
 from __future__ import annotations
 
@@ -59,9 +62,8 @@ def unmap_and_release(allocation_handle: HandleType) -> None:
 def _expandable_enabled_for_pool() -> bool:
     """Which expandable-segments signal this vLLM version's use_memory_pool sees."""
     if _fake.V >= _fake.Version("0.33.0"):
-        conf = ",".join(os.environ.get(n, "") for n in
-                        ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"))
-        return "expandable_segments:True" in conf or DEVICE.expandable_segments
+        from vllm.device_allocator import alloc_conf
+        return alloc_conf.conf_flag_enabled(alloc_conf.current_alloc_conf(), alloc_conf.EXPANDABLE_SEGMENTS)
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     return "expandable_segments:True" in conf
 
@@ -110,7 +112,20 @@ class CuMemAllocator:
         torch.cuda.empty_cache()
 
     # -- sleep / wake ------------------------------------------------------------
-    def sleep(self, offload_tags: tuple[str, ...] | str | None = None) -> None:
+    def _sleep_upto_033(self, offload_tags: tuple[str, ...] | str | None = None) -> None:
+        self._sleep(offload_tags)
+
+    def _sleep_034(self, offload_tags: tuple[str, ...] | str | None = None, discardable=()) -> None:
+        """0.34 ``CuMemAllocator.sleep(offload_tags, discardable)``: an allocation of an offloaded tag is
+        discarded instead when ``discardable_allocations`` finds it holds nothing but the tensors at
+        ``discardable`` (the parameters a level-2 sleep lets go)."""
+        from vllm.device_allocator import discardable_allocations
+
+        self._sleep(offload_tags, discardable_allocations(self.pointer_to_data, discardable))
+
+    sleep = _sleep_034 if _fake.V >= _fake.Version("0.34.0") else _sleep_upto_033
+
+    def _sleep(self, offload_tags, discarded=frozenset()) -> None:
         if offload_tags is None:
             offload_tags = (CuMemAllocator.default_tag,)
         elif isinstance(offload_tags, str):
@@ -122,7 +137,7 @@ class CuMemAllocator:
             handle = data.handle
             total_bytes += handle[1]
             a = _alloc_of(handle)
-            if data.tag in offload_tags:
+            if data.tag in offload_tags and ptr not in discarded:
                 backup_bytes += handle[1]
                 # cudaMemcpy device -> pinned CPU copy
                 if a is not None and a.mapped and a.payload is not None:
@@ -135,7 +150,7 @@ class CuMemAllocator:
             "the rest %.2f GiB is discarded directly.", type(self).__name__,
             total_bytes / 1024**3, backup_bytes / 1024**3, (total_bytes - backup_bytes) / 1024**3)
         _fake.log_event("allocator_sleep", allocator=type(self).__name__, offload_tags=list(offload_tags),
-                        pool_bytes=total_bytes, backup_bytes=backup_bytes)
+                        pool_bytes=total_bytes, backup_bytes=backup_bytes, discarded=len(discarded))
         self._after_sleep()
 
     def _after_sleep(self) -> None:
@@ -192,6 +207,19 @@ class CuMemAllocator:
     def _expandable_toggle(self) -> bool:
         return _expandable_enabled_for_pool()
 
+    def _expandable_off(self):
+        """Expandable segments off for the pool; returns what puts the setting back. 0.20.1-0.32.x write the
+        bare ``expandable_segments:False`` / ``:True`` (torch then drops the user's ``max_split_size_mb`` ...);
+        0.33+ rewrite the whole live string with that one field flipped, and put the string back
+        (``alloc_conf.with_conf_flag`` / ``set_alloc_conf``)."""
+        if _fake.V >= _fake.Version("0.33.0"):
+            from vllm.device_allocator import alloc_conf
+            prev_conf = alloc_conf.current_alloc_conf()
+            alloc_conf.set_alloc_conf(alloc_conf.with_conf_flag(prev_conf, alloc_conf.EXPANDABLE_SEGMENTS, False))
+            return lambda: alloc_conf.set_alloc_conf(prev_conf)
+        self._set_expandable(False)
+        return lambda: self._set_expandable(True)
+
     def _set_expandable(self, on: bool) -> None:
         torch.cuda.memory._set_allocator_settings(f"expandable_segments:{on}")
 
@@ -202,7 +230,7 @@ class CuMemAllocator:
         assert isinstance(tag, str)
         expandable_was_enabled = self._expandable_toggle()
         if expandable_was_enabled:
-            self._set_expandable(False)
+            put_back = self._expandable_off()
         old_tag = self.current_tag
         self.current_tag = tag
         prev = DEVICE.active_pool
@@ -214,7 +242,7 @@ class CuMemAllocator:
             DEVICE.active_pool = prev
             self.current_tag = old_tag
             if expandable_was_enabled:
-                self._set_expandable(True)
+                put_back()
 
     def get_current_usage(self) -> int:
         return sum(data.handle[1] for data in self.pointer_to_data.values())

@@ -71,6 +71,12 @@ class EngineArgs:
     reasoning_parser: str = ""
     enable_return_routed_experts: bool = False
     attention_backend: Any = None  # accepted; the stand-in has one attention path
+    sleep_preserve_parameter_names: Any = None  # 0.33+ (a TypeError below 0.33, as an unknown keyword)
+
+    def __post_init__(self):
+        from vllm import _fake
+        if self.sleep_preserve_parameter_names is not None and _fake.V < _fake.Version("0.33.0"):
+            raise TypeError("EngineArgs.__init__() got an unexpected keyword argument 'sleep_preserve_parameter_names'")
 
     def create_engine_config(self) -> VllmConfig:
         mc = ModelConfig(model=str(self.model), tokenizer=self.tokenizer, dtype=self.dtype,
@@ -78,7 +84,8 @@ class EngineArgs:
                          enable_sleep_mode=self.enable_sleep_mode, load_format=self.load_format,
                          trust_remote_code=self.trust_remote_code, logprobs_mode=self.logprobs_mode,
                          max_logprobs=self.max_logprobs, model_impl=self.model_impl,
-                         quantization=self.quantization)
+                         quantization=self.quantization,
+                         sleep_preserve_parameter_names=list(self.sleep_preserve_parameter_names or ()))
         cc = CacheConfig(gpu_memory_utilization=self.gpu_memory_utilization,
                          kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                          num_gpu_blocks_override=self.num_gpu_blocks_override,

@@ -56,6 +56,7 @@ class NPUWorker(Worker):
     def _workspace_bytes(self) -> int:
         return int(float(os.environ.get("FAKEVLLM_NPU_WORKSPACE_MB") or 0) * 2**20)
 
+    _saves_buffers = True  # its own level-2 sleep saves named_buffers() in every release
     __init__ = gpu_worker.OWN["__init__"]
     load_model = gpu_worker.OWN["load_model"]
     initialize_from_config = gpu_worker.OWN["initialize_from_config"]

@@ -13,6 +13,8 @@ def process_weights_after_loading(model, model_config, target_device) -> None:
         quant_method = getattr(module, "quant_method", None)
         if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             quant_method.process_weights_after_loading(module)
+    from vllm.model_executor.layers.attention.mla_attention import post_load
+
     for _, module in model.named_modules():  # upstream: the Attention / MLAAttention layers (they define it)
         if hasattr(module, "process_weights_after_loading"):
-            module.process_weights_after_loading(model_config.dtype)
+            post_load(module, model_config)  # 0.34: through finalize_model_weights, without a dtype

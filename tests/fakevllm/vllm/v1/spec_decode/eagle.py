@@ -5,7 +5,8 @@
 ``self.drafter.load_model(self.model)`` after the target model (and LoRA), still inside the worker's
 ``use_memory_pool(tag="weights")``: the drafter's weights are in the weights tag, so a level-1 sleep copies
 them to host memory and the wake restores them, and a level-2 sleep discards them (undefined after the
-wake) like the target's. For MTP, upstream's draft model is the checkpoint's MTP module (DeepSeekMTP,
+wake) like the target's -- unless ``sleep_preserve_parameter_names`` names them (``draft.*``, 0.33+:
+``Worker._save_sleep_parameters``; 0.34 ``Worker._discardable_parameters`` leaves their allocation offloaded). For MTP, upstream's draft model is the checkpoint's MTP module (DeepSeekMTP,
 Qwen3NextMTP: ``enorm``, ``hnorm``, ``eh_proj`` and a decoder block) sharing the target's ``embed_tokens``
 and ``lm_head`` (``EagleProposer.load_model`` points them at the target's). The stand-in's tiny checkpoints
 have no MTP layer, so those drafter-only weights are initialized once at load from the engine's seed (what
@@ -21,7 +22,6 @@ import torch
 from torch import nn
 
 from vllm import _fake
-from vllm._fake.device import DEVICE
 
 
 class MTPDraftModel(nn.Module):
@@ -70,6 +70,7 @@ class EagleProposer:
         self.runner = runner
         self.model = None
         self.weights_alloc = None
+        self.other_alloc = None
         self.weights_origin = None
 
     def load_model(self, target_model: nn.Module) -> None:
@@ -81,8 +82,10 @@ class EagleProposer:
                         "lm_head": target_model.get_output_embeddings()}
         model._proposer = self
         self.model = model
+        from vllm.v1.worker.gpu_model_runner import allocate_weights
+
         nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(model).tensors())
-        self.weights_alloc = DEVICE.allocate(nbytes, label="drafter", payload=WeightsPayload(model, self))
+        self.weights_alloc, self.other_alloc = allocate_weights(model, self, "drafter")
         self.weights_origin = "initialized"
         _fake.log_event("load_drafter", method=self.method, nbytes=nbytes, weights_fp=self.weights_fp(),
                         in_pool=self.weights_alloc.pool is not None)

@@ -54,19 +54,30 @@ def _cache_kw(model) -> str:
 
 
 class WeightsPayload:
-    """Contents of the "weights" allocation: all parameters and buffers."""
+    """Contents of a "weights" allocation: all parameters and buffers (``part="all"``), or, where the
+    0.34 level-2 rule tells allocations apart by what they hold (``Worker.sleep``), the parameters alone
+    (``"parameters"``) or everything else: buffers and LoRA slots (``"other"``). Only the part holding
+    the parameters carries the runner's ``weights_origin``."""
 
-    def __init__(self, model: torch.nn.Module, runner=None):
+    def __init__(self, model: torch.nn.Module, runner=None, part: str = "all"):
         self.model = model
-        self.runner = runner
+        self.runner = runner if part != "other" else None
+        self.part = part
         self._garbage_seed = 0
 
     def tensors(self):
-        yield from self.model.named_parameters()
+        if self.part != "other":
+            yield from self.model.named_parameters()
+        if self.part == "parameters":
+            return
         yield from self.model.named_buffers()
         for prefix, module in self.model.named_modules():  # LoRA slots (vllm.lora.layers), weights tag too
             if hasattr(module, "named_lora_slots"):
                 yield from module.named_lora_slots(prefix)
+
+    def storage_ptrs(self) -> set:
+        """Where the tensors it holds start (``discardable_allocations`` compares them with the parameters')."""
+        return {t.untyped_storage().data_ptr() for _, t in self.tensors()}
 
     def backup(self):
         b = {n: t.detach().clone() for n, t in self.tensors()}
@@ -95,6 +106,24 @@ class WeightsPayload:
                     t.copy_(torch.randint(0, 7, t.shape, generator=g).to(t.dtype))
 
 
+def allocate_weights(model: torch.nn.Module, owner, label: str):
+    """``(parameters allocation, other allocation or None)`` of ``model`` on the fake device. Up to 0.33 one
+    allocation holds the parameters and buffers together (what a sleep treats alike: all offloaded or all
+    discarded). From 0.34, whose level-2 sleep discards only the allocations holding nothing but parameters
+    (``device_allocator/__init__.py::discardable_allocations``), the parameters have their own allocation
+    and the buffers and LoRA slots another (on a GPU large parameters sit in segments of their own; small
+    tensors share, which the stand-in does not model)."""
+    if _fake.V < _fake.Version("0.34.0"):
+        nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(model).tensors())
+        return DEVICE.allocate(nbytes, label=label, payload=WeightsPayload(model, owner)), None
+    allocs = []
+    for part in ("parameters", "other"):
+        payload = WeightsPayload(model, owner, part)
+        nbytes = sum(t.numel() * t.element_size() for _, t in payload.tensors())
+        allocs.append(DEVICE.allocate(nbytes, label=label if part == "parameters" else f"{label}:{part}", payload=payload) if nbytes else None)
+    return allocs[0], allocs[1]
+
+
 class VllmModelMixin:
     """Adds vLLM's model ``load_weights`` to the transformers model."""
 
@@ -111,6 +140,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.device = device
         self.model = None
         self.weights_alloc = None
+        self.other_alloc = None  # 0.34+: buffers and LoRA slots in an allocation of their own (allocate_weights)
         self.kv_alloc = None
         self.weights_origin = None
         self.checkpoint_fp = None
@@ -147,7 +177,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             hf = self.load_lora_model(hf, self.model_config, None, self.vllm_config.lora_config, self.device)
         self.model = hf
         nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(hf).tensors())
-        self.weights_alloc = DEVICE.allocate(nbytes, label="weights", payload=WeightsPayload(hf, self))
+        self.weights_alloc, self.other_alloc = allocate_weights(hf, self, "weights")
         from vllm.model_executor.model_loader.utils import process_weights_after_loading
         process_weights_after_loading(hf, self.model_config, self.device)
         self.checkpoint_fp = self.weights_fp()

@@ -4,9 +4,18 @@ when sleep mode is on), ``initialize_from_config`` (KV cache under
 ``use_memory_pool(tag="kv_cache")``), ``sleep`` (level 1 offloads tag "weights",
 level 2 offloads nothing but saves ``model.named_buffers()``), ``wake_up``
 (restores the saved buffers; tag-blind before 0.27.0, see ``wake_up``), ``reload_weights``.
+
+0.33 adds ``sleep_preserve_parameter_names`` (``_save_sleep_parameters``: host copies of the matching
+parameters, ``draft.*`` for the drafter's, restored at the weights wake) and saves the drafter's buffers
+too. 0.34 (``v1/worker/gpu_worker.py`` ``_discardable_parameters`` / ``sleep`` / ``wake_up``) drops the saved
+buffers: a level-2 sleep hands the storage addresses of the parameters it may discard (all of them, target
+and drafter, less those ``sleep_preserve_parameter_names`` matches) to ``CuMemAllocator.sleep``, which
+discards only the allocations holding nothing but those and offloads the rest of the weights tag like
+level 1 (buffers, LoRA slots, plain tensor attributes); ``wake_up`` restores nothing itself.
 """
 from __future__ import annotations
 
+import fnmatch
 from contextlib import nullcontext
 
 import torch
@@ -19,6 +28,7 @@ logger = init_logger(__name__)
 GiB_bytes = 1 << 30
 
 
+_warned_draft: list = []  # logger.warning_once upstream
 class WorkerBase:
     """Mirrors vllm/v1/worker/worker_base.py WorkerBase (subset)."""
 
@@ -38,10 +48,16 @@ class WorkerBase:
 
 class Worker(WorkerBase):
     _mem = "cuda"
+    _saves_buffers = _fake.V < _fake.Version("0.34.0")
+    """Whether a level-2 sleep saves buffers itself (0.34 dropped ``_sleep_saved_buffers``; vllm-ascend's
+    ``NPUWorker``, which shares ``__init__``, still does)."""
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self._sleep_saved_buffers: dict[str, torch.Tensor] = {}
+        if self._saves_buffers:
+            self._sleep_saved_buffers: dict[str, torch.Tensor] = {}
+            self._sleep_saved_parameters: dict[str, torch.Tensor] = {}
+            self._sleep_saved_draft_buffers: dict[str, torch.Tensor] = {}
 
     # device helpers (torch.cuda.* here, torch.npu.* in vllm_ascend)
     def _mem_get_info(self):
@@ -112,15 +128,83 @@ class Worker(WorkerBase):
     def get_model(self):
         return self.model_runner.get_model()
 
-    def sleep(self, level: int = 1) -> None:
+    def get_draft_model(self):
+        """0.33+ ``Worker.get_draft_model`` (the runner's drafter model, or None)."""
+        drafter = getattr(self.model_runner, "drafter", None)
+        return getattr(drafter, "model", None)
+
+    def _preserve_patterns(self) -> list:
+        return list(getattr(self.model_config, "sleep_preserve_parameter_names", None) or ())
+
+    def _get_sleep_parameters(self, model) -> dict:
+        """0.33+: the target's parameters by name, and the drafter's (not shared with the target) as ``draft.*``."""
+        parameters = dict(model.named_parameters())
+        draft = self.get_draft_model()
+        if draft is not None:
+            shared = {id(p) for p in parameters.values()}
+            parameters.update((f"draft.{n}", p) for n, p in draft.named_parameters() if id(p) not in shared)
+        return parameters
+
+    def _preserved_names(self, parameters: dict) -> set:
+        names: set = set()
+        for pattern in self._preserve_patterns():
+            matches = fnmatch.filter(parameters, pattern)
+            if not matches and pattern != "draft.*":
+                raise ValueError(f"No parameter matches sleep retention: {pattern}")
+            names.update(matches)
+        return names
+
+    def _save_sleep_parameters(self, model) -> None:
+        """0.33: host copies of the parameters ``sleep_preserve_parameter_names`` matches."""
+        parameters = self._get_sleep_parameters(model)
+        keep = self._preserved_names(parameters) if self._preserve_patterns() else set()
+        self._sleep_saved_parameters = {n: p.detach().cpu().clone() for n, p in parameters.items() if n in keep}
+
+    def _discardable_parameters(self, model) -> set:
+        """0.34: storage addresses of the parameters a level-2 sleep may discard (all but the preserved ones);
+        one warning where the drafter's are among them."""
+        parameters = self._get_sleep_parameters(model)
+        storage = {n: p.untyped_storage().data_ptr() for n, p in parameters.items()}
+        preserved = {storage[n] for n in self._preserved_names(parameters)}
+        draft_names = fnmatch.filter(storage, "draft.*")
+        if draft_names and not any(fnmatch.filter(draft_names, p) for p in self._preserve_patterns()) \
+                and not _warned_draft:
+            _warned_draft.append(True)
+            logger.warning("Level 2 sleep discards draft model weights; reload_weights restores only the target. "
+                           "Unless the draft is updated separately, set --sleep-preserve-parameter-names "
+                           "'draft.*' to keep them.")
+        return set(storage.values()) - preserved
+
+    def _sleep_upto_033(self, level: int = 1) -> None:
+        """``Worker.sleep`` up to 0.33: level 2 saves the buffers (0.33: also the preserved parameters and the
+        drafter's buffers) and discards the whole weights tag."""
         free_bytes_before_sleep = self._mem_get_info()[0]
         if level == 2:
             model = self.model_runner.model
+            if _fake.V >= _fake.Version("0.33.0"):
+                self._save_sleep_parameters(model)
             self._sleep_saved_buffers = {name: buffer.cpu().clone() for name, buffer in model.named_buffers()}
+            draft = self.get_draft_model() if _fake.V >= _fake.Version("0.33.0") else None
+            if draft is not None:
+                self._sleep_saved_draft_buffers = {n: b.cpu().clone() for n, b in draft.named_buffers()}
         allocator = self._allocator()
-        if self.model_runner.extensible_kv_cache is not None:  # 0.34: outside the pool, the cap stays
-            self.model_runner.extensible_kv_cache.release_physical()
         allocator.sleep(offload_tags=("weights",) if level == 1 else tuple())
+        self._log_sleep(level, free_bytes_before_sleep, allocator)
+
+    def _sleep_034(self, level: int = 1) -> None:
+        """``Worker.sleep`` from 0.34: nothing saved here; level 2 lets the allocator discard the allocations
+        holding only discardable parameters and offload the rest of the weights tag."""
+        free_bytes_before_sleep = self._mem_get_info()[0]
+        discardable = self._discardable_parameters(self.model_runner.model) if level == 2 else set()
+        allocator = self._allocator()
+        if self.model_runner.extensible_kv_cache is not None:  # outside the pool: pages dropped, the torch cap stays
+            self.model_runner.extensible_kv_cache.release_physical()
+        allocator.sleep(offload_tags=("weights",), discardable=discardable)
+        self._log_sleep(level, free_bytes_before_sleep, allocator)
+
+    sleep = _sleep_034 if _fake.V >= _fake.Version("0.34.0") else _sleep_upto_033
+
+    def _log_sleep(self, level: int, free_bytes_before_sleep: int, allocator) -> None:
         free_bytes_after_sleep, total = self._mem_get_info()
         freed_bytes = free_bytes_after_sleep - free_bytes_before_sleep
         used_bytes = total - free_bytes_after_sleep
@@ -144,12 +228,32 @@ class Worker(WorkerBase):
         self._log_wake(tags)
 
     def _wake_up_gated(self, tags: list[str] | None = None) -> None:
-        """``Worker.wake_up`` from vLLM 0.27.0: the restore waits for the weights tag."""
+        """``Worker.wake_up`` from vLLM 0.27.0: the restore waits for the weights tag (0.33: the preserved
+        parameters and the drafter's buffers too)."""
         allocator = self._allocator()
         allocator.wake_up(tags)
         wake_weights = tags is None or "weights" in tags
+        if wake_weights and self._sleep_saved_parameters:
+            parameters = self._get_sleep_parameters(self.model_runner.model)
+            with torch.no_grad():
+                for name, value in self._sleep_saved_parameters.items():
+                    parameters[name].copy_(value)
+            self._sleep_saved_parameters = {}
         if wake_weights and len(self._sleep_saved_buffers):
             self._restore_saved_buffers(tags)
+        if wake_weights and self._sleep_saved_draft_buffers:
+            draft = self.get_draft_model()
+            if draft is not None:
+                for name, buffer in draft.named_buffers():
+                    if name in self._sleep_saved_draft_buffers:
+                        buffer.data.copy_(self._sleep_saved_draft_buffers[name])
+            self._sleep_saved_draft_buffers = {}
+        self._log_wake(tags)
+
+    def _wake_up_034(self, tags: list[str] | None = None) -> None:
+        """``Worker.wake_up`` from vLLM 0.34: the allocator restores what the sleep offloaded; nothing saved here;
+        the extensible KV cache backed again when ``kv_cache`` wakes."""
+        self._allocator().wake_up(tags)
         self._recommit_kv(tags)
         self._log_wake(tags)
 
@@ -182,7 +286,8 @@ class Worker(WorkerBase):
                         is_checkpoint=r.weights_fp() == r.checkpoint_fp,
                         free_bytes=self._mem_get_info()[0])
 
-    wake_up = _wake_up_gated if _fake.V >= _fake.Version("0.27.0") else _wake_up_tag_blind
+    wake_up = (_wake_up_034 if _fake.V >= _fake.Version("0.34.0") else
+               _wake_up_gated if _fake.V >= _fake.Version("0.27.0") else _wake_up_tag_blind)
 
     def discard(self, tags: tuple[str, ...]) -> None:
         """0.31+ ``Worker.discard`` (``v1/worker/gpu_worker.py``): the pool's allocations with ``tags``
@@ -224,6 +329,10 @@ class Worker(WorkerBase):
 
 if _fake.V < _fake.Version("0.31.0"):
     del Worker.discard
+if _fake.V < _fake.Version("0.34.0"):  # the names each release has (0.34: gpu_worker.py:297)
+    del Worker._discardable_parameters
+if _fake.V < _fake.Version("0.33.0"):  # 0.33: gpu_worker.py:276 / :295 and get_draft_model
+    del Worker._save_sleep_parameters, Worker._get_sleep_parameters, Worker.get_draft_model
 
 OWN = {name: vars(Worker)[name] for name in ("__init__", "load_model", "initialize_from_config")}
 """Worker's own functions, taken before anything wraps the class: vllm-ascend's ``NPUWorker`` (the stand-in's

@@ -7,7 +7,15 @@ attention layers with ``isinstance(module, (Attention, MLAAttention))``.
 """
 import torch
 
+from vllm import _fake
+
 
 class Attention(torch.nn.Module):
-    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+    def _process_upto_033(self, act_dtype: torch.dtype) -> None:
         return None
+
+    def _process_034(self) -> None:
+        return None
+
+    # 0.34: ``process_weights_after_loading(self)`` (attention.py:620); up to 0.33 ``(self, act_dtype)`` (:594)
+    process_weights_after_loading = _process_034 if _fake.V >= _fake.Version("0.34.0") else _process_upto_033

@@ -14,7 +14,10 @@ process_weights_after_loading``) and in the layerwise reload's ``finalize`` -- n
 
 Below 0.16 the matrices live on the attention implementation object (``self.impl``,
 ``MLACommonBaseImpl.process_weights_after_loading`` in 0.15.1), from 0.16 on the layer.
-0.33 registers them as parameters (``replace_parameter``); not modelled.
+0.33 registers them as parameters (``replace_parameter``); not modelled. From 0.34 the method takes no
+dtype (``process_weights_after_loading(self)``, mla_attention.py:1428, reading ``self.act_dtype``; 0.33:
+``(self, act_dtype)``, :1242); ``attention.py`` likewise (0.34 :620, 0.33 :594). The loaders call it
+through :func:`post_load`.
 
 The fake attaches one ``MLAAttention`` to each transformers ``DeepseekV2Attention`` (as
 ``self_attn.mla_attn``, holding that attention's ``kv_b_proj`` like vLLM's layer) and turns the
@@ -47,11 +50,20 @@ class MLAAttention(torch.nn.Module):
         self.kv_b_proj = kv_b_proj
         self.impl = MLACommonBaseImpl() if _fake.V < _fake.Version("0.16.0") else None
         self.decoding = False
+        self.act_dtype = kv_b_proj.weight.dtype  # upstream: the model config's dtype (the fake's: float32)
 
     def _holder(self):
         return self.impl if self.impl is not None else self
 
-    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+    def _process_upto_033(self, act_dtype: torch.dtype) -> None:
+        self._derive(act_dtype)
+
+    def _process_034(self) -> None:
+        self._derive(self.act_dtype)
+
+    process_weights_after_loading = _process_034 if _fake.V >= _fake.Version("0.34.0") else _process_upto_033
+
+    def _derive(self, act_dtype: torch.dtype) -> None:
         kv_b_proj_weight = get_and_maybe_dequant_weights(self.kv_b_proj, out_dtype=act_dtype).T
         assert kv_b_proj_weight.shape == (
             self.kv_lora_rank, self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)), (
@@ -70,6 +82,16 @@ class MLAAttention(torch.nn.Module):
         holder = self._holder()
         per_head = torch.cat([holder.W_UK_T, holder.W_UV.transpose(1, 2)], dim=1)  # (N, P+V, L)
         return per_head.reshape(self.num_heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank)
+
+
+def post_load(module, model_config) -> None:
+    """An attention layer's own ``process_weights_after_loading``, as this release's loaders call it: with
+    ``model_config.dtype`` up to 0.33 (``model_loader/utils.py``, ``reload/layerwise.py``), without arguments
+    from 0.34 (``model_loader/weight_utils.py::finalize_model_weights`` calls ``hook()``)."""
+    if _fake.V >= _fake.Version("0.34.0"):
+        module.process_weights_after_loading()
+    else:
+        module.process_weights_after_loading(model_config.dtype)
 
 
 class DecodeAbsorbedLinear(torch.nn.Linear):

@@ -123,6 +123,8 @@ def finalize_layerwise_reload(model, model_config) -> None:
             _empty_unloaded(layer, info)
             _layerwise_process(layer, info)
         info.reset()
+    from vllm.model_executor.layers.attention.mla_attention import post_load
+
     for layer, info in deferred:  # (kernel tensors placed back; quantized-attention scales not modelled)
-        layer.process_weights_after_loading(model_config.dtype)
+        post_load(layer, model_config)  # 0.34: finalize_model_weights, hook() without a dtype
         info.reset()
