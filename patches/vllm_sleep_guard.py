@@ -2,15 +2,15 @@
 
 Upstream: modelscope/ms-swift#6636 (first sleep frees 0.00 GiB on Ascend); pytorch/pytorch#147851
           (expandable segments bypass a pluggable allocator's MemPool); vLLM reads only
-          PYTORCH_CUDA_ALLOC_CONF up to 0.32.x (0.33 reads every route); vllm-ascend's CaMemAllocator
+          PYTORCH_CUDA_ALLOC_CONF up to 0.30.x (0.31 reads every route); vllm-ascend's CaMemAllocator
           asserts on the PYTORCH_NPU_ALLOC_CONF string and never toggles (every release so far)
-Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <0.33 on torch builds that
+Affects:  vllm >=0.8.0 with enable_sleep_mode=True (guard: CUDA/ROCm with vLLM <0.31 on torch builds that
           bypass, and every vllm-ascend on NPU; verification, per-tag wake and telemetry: every release);
-          vllm-ascend >=0.13.0rc1 (its NPUWorker, vllm_ascend.worker.worker). On CUDA/ROCm with vLLM 0.33+
+          vllm-ascend >=0.13.0rc1 (its NPUWorker, vllm_ascend.worker.worker). On CUDA/ROCm with vLLM 0.31+
           the guard records stand down (fixed upstream: device_allocator/alloc_conf.py rewrites the whole
           allocator string around the pool; the guard's bare live write would drop the user's
           max_split_size_mb / garbage_collection_threshold / roundup_power2_divisions)
-Remove:   guard when the shim's minimum vLLM is >=0.33 and vllm-ascend toggles expandable segments itself;
+Remove:   guard when the shim's minimum vLLM is >=0.31 and vllm-ascend toggles expandable segments itself;
           the verification and telemetry have no upstream equivalent
 
 Three records on the engines trainers build; the behaviour lives in ``shim/``:
@@ -78,7 +78,7 @@ def _no_device():
 
 def _guard_needed():
     """Stand down where vLLM keeps expandable segments off around its pool on every route itself and the
-    guard's live write would only drop the user's other allocator options (CUDA, vLLM 0.33+:
+    guard's live write would only drop the user's other allocator options (CUDA, vLLM 0.31+:
     ``shim.vllm.alloc_guard.upstream_covers``); the NPU guard stays (vllm-ascend only asserts)."""
     from shim.vllm import alloc_guard, memory
 
@@ -200,7 +200,7 @@ GUARD = Patch(
     apply=_apply_guard,
     probe=_probe_engine_guard,
     summary="expandable segments off (4 env vars + live setting) while a sleep-mode engine is built or woken; "
-            "the user's setting restored exactly afterwards (stands down on CUDA with vLLM 0.33+, which does it "
+            "the user's setting restored exactly afterwards (stands down on CUDA with vLLM 0.31+, which does it "
             "itself and keeps the user's other allocator options)",
     verified="CPU: vLLM stand-in, NPU and old-torch CUDA bypass modes, every route; 0.33.0/0.34.0 CUDA stand down",
 )

@@ -14,9 +14,9 @@ route                      seen by
 ``PYTORCH_CUDA_ALLOC_CONF``  vLLM <= 0.20.0: assert in ``CuMemAllocator()``;
                            0.20.1 - 0.32.x: toggled off inside
                            ``use_memory_pool`` (the ONLY route it reads)
-``PYTORCH_ALLOC_CONF``       vLLM >= 0.33 only
-``PYTORCH_HIP_ALLOC_CONF``   vLLM >= 0.33 only (ROCm)
-live setting               vLLM >= 0.33 only (``torch.cuda.memory.
+``PYTORCH_ALLOC_CONF``       vLLM >= 0.31 only
+``PYTORCH_HIP_ALLOC_CONF``   vLLM >= 0.31 only (ROCm)
+live setting               vLLM >= 0.31 only (``torch.cuda.memory.
 (``_set_allocator_settings``)  _set_allocator_settings``; torch_npu's)
 ``PYTORCH_NPU_ALLOC_CONF``   vllm-ascend, every release: ``CaMemAllocator()``
                            asserts on the ENV STRING and never toggles; a live
@@ -24,16 +24,16 @@ live setting               vLLM >= 0.33 only (``torch.cuda.memory.
                            initialised passes the assert and still bypasses
 =========================  =================================================
 
-So: vLLM < 0.33 on CUDA/ROCm needs the ``PYTORCH_ALLOC_CONF`` / HIP / live part
+So: vLLM < 0.31 on CUDA/ROCm needs the ``PYTORCH_ALLOC_CONF`` / HIP / live part
 (on torch builds that bypass; torch 2.11 + vLLM 0.24 was measured not to), vLLM
 <= 0.20.0 also needs the ``PYTORCH_CUDA_ALLOC_CONF`` rewrite to pass its
 assert, and every vllm-ascend needs both the ``PYTORCH_NPU_ALLOC_CONF``
 rewrite (its assert) and the live setting off (the actual bypass).
 
-vLLM >= 0.33 on CUDA/ROCm needs nothing, and the guard there would do harm: vLLM's
+vLLM >= 0.31 on CUDA/ROCm needs nothing, and the guard there would do harm: vLLM's
 ``use_memory_pool`` reads the live config (else the three env vars) and rewrites the
 WHOLE string with only ``expandable_segments`` flipped (``device_allocator/alloc_conf.py``,
-0.33.0 = 0.34.0; ``cumem.py`` 0.33.0:391-394 / 0.34.0:418-421), because torch's
+0.31.0 = 0.33.0 = 0.34.0; ``cumem.py`` 0.31.0:387-390 / 0.33.0:391-394 / 0.34.0:418-421), because torch's
 ``parseArgs`` resets ``max_split_size_mb``, ``roundup_power2_divisions`` and
 ``garbage_collection_threshold`` whenever a string leaves them out (c10
 ``AllocatorConfig.cpp``) -- which the guard's bare ``expandable_segments:False`` /
@@ -103,20 +103,20 @@ _covered: dict = {}      # device name -> the reason vLLM covers every route the
 
 def upstream_covers(probe) -> "str | None":
     """Why the guard has nothing to do on ``probe``'s device, or None: on CUDA/ROCm, a vLLM whose
-    ``vllm.device_allocator.alloc_conf`` (0.33+) rewrites the allocator config around its sleep pool."""
+    ``vllm.device_allocator.alloc_conf`` (0.31+) rewrites the allocator config around its sleep pool."""
     if probe is None or probe.name != "cuda":
         return None
     if probe.name not in _covered:
         try:
             from vllm.device_allocator import alloc_conf
-        except Exception:  # no vLLM, or one before 0.33
+        except Exception:  # no vLLM, or one before 0.31
             alloc_conf = None
         ok = alloc_conf is not None and all(
             callable(getattr(alloc_conf, name, None)) for name in ("current_alloc_conf", "with_conf_flag", "set_alloc_conf"))
         _covered[probe.name] = (
             "fixed upstream: vLLM turns expandable segments off itself on every route (PYTORCH_ALLOC_CONF, "
             "PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF, the live setting) and keeps the user's other "
-            "allocator options (vllm.device_allocator.alloc_conf, vLLM 0.33+)") if ok else None
+            "allocator options (vllm.device_allocator.alloc_conf, vLLM 0.31+)") if ok else None
     return _covered[probe.name]
 
 

@@ -282,7 +282,8 @@ def test_probes_pass_on_real_shapes(monkeypatch):
     from shim.engine.versions import in_range
     from shim.vllm import memory
 
-    monkeypatch.setattr(memory, "probe", lambda: object())  # a device: the probes judge the shape only
+    device = types.SimpleNamespace(name="cuda")
+    monkeypatch.setattr(memory, "probe", lambda: device)  # a CUDA device: the probes judge the shape only
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", "1")
 
     def no_source(*args, **kwargs):

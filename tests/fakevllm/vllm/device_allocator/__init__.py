@@ -46,3 +46,7 @@ def discardable_allocations(pointer_to_data: Mapping, tensors: Collection[int]) 
         if held is not None and held() <= tensors:
             out.add(ptr)
     return out
+
+
+if _fake.V < _fake.Version("0.34.0"):
+    del discardable_allocations

@@ -1,4 +1,4 @@
-"""Mirrors vllm/device_allocator/alloc_conf.py (added in vLLM 0.33.0, the same in 0.34.0; absent before):
+"""Mirrors vllm/device_allocator/alloc_conf.py (added in vLLM 0.31.0, the same in 0.33.0 and 0.34.0; absent in 0.30.0):
 reading and rewriting PyTorch's allocator config as a whole string.
 
 Torch parses the config as a whole and resets the options a string leaves out (the stand-in's device
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from vllm import _fake
 
-if _fake.V < _fake.Version("0.33.0"):
+if _fake.V < _fake.Version("0.31.0"):
     raise ModuleNotFoundError(f"No module named 'vllm.device_allocator.alloc_conf' (vLLM {_fake.VERSION})",
                               name="vllm.device_allocator.alloc_conf")
 
@@ -77,3 +77,7 @@ def non_expandable_allocations():
         yield
     finally:
         set_alloc_conf(conf)
+
+
+if _fake.V < _fake.Version("0.33.0"):  # in the 0.33.0 wheel (parallel_state.py's user), not in 0.31.0
+    del non_expandable_allocations

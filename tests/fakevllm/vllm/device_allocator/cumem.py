@@ -14,7 +14,7 @@ vLLM version (FAKEVLLM_VERSION):
   string, turns expandable segments off with
   ``torch.cuda.memory._set_allocator_settings("expandable_segments:False")`` and
   back on afterwards (PYTORCH_ALLOC_CONF or a live setting are not seen);
-- >= 0.33: reads the live allocator config, else PYTORCH_ALLOC_CONF,
+- >= 0.31: reads the live allocator config, else PYTORCH_ALLOC_CONF,
   PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF (``device_allocator/alloc_conf.py``),
   and rewrites the whole string with only expandable_segments flipped, so the
   user's other options survive.
@@ -61,7 +61,7 @@ def unmap_and_release(allocation_handle: HandleType) -> None:
 
 def _expandable_enabled_for_pool() -> bool:
     """Which expandable-segments signal this vLLM version's use_memory_pool sees."""
-    if _fake.V >= _fake.Version("0.33.0"):
+    if _fake.V >= _fake.Version("0.31.0"):
         from vllm.device_allocator import alloc_conf
         return alloc_conf.conf_flag_enabled(alloc_conf.current_alloc_conf(), alloc_conf.EXPANDABLE_SEGMENTS)
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
@@ -208,11 +208,11 @@ class CuMemAllocator:
         return _expandable_enabled_for_pool()
 
     def _expandable_off(self):
-        """Expandable segments off for the pool; returns what puts the setting back. 0.20.1-0.32.x write the
+        """Expandable segments off for the pool; returns what puts the setting back. 0.20.1-0.30.x write the
         bare ``expandable_segments:False`` / ``:True`` (torch then drops the user's ``max_split_size_mb`` ...);
-        0.33+ rewrite the whole live string with that one field flipped, and put the string back
+        0.31+ rewrite the whole live string with that one field flipped, and put the string back
         (``alloc_conf.with_conf_flag`` / ``set_alloc_conf``)."""
-        if _fake.V >= _fake.Version("0.33.0"):
+        if _fake.V >= _fake.Version("0.31.0"):
             from vllm.device_allocator import alloc_conf
             prev_conf = alloc_conf.current_alloc_conf()
             alloc_conf.set_alloc_conf(alloc_conf.with_conf_flag(prev_conf, alloc_conf.EXPANDABLE_SEGMENTS, False))

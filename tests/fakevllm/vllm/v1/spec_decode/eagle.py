@@ -82,10 +82,10 @@ class EagleProposer:
                         "lm_head": target_model.get_output_embeddings()}
         model._proposer = self
         self.model = model
-        from vllm.v1.worker.gpu_model_runner import allocate_weights
+        from vllm.v1.worker.gpu_model_runner import _allocate_weights
 
         nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(model).tensors())
-        self.weights_alloc, self.other_alloc = allocate_weights(model, self, "drafter")
+        self.weights_alloc, self.other_alloc = _allocate_weights(model, self, "drafter")
         self.weights_origin = "initialized"
         _fake.log_event("load_drafter", method=self.method, nbytes=nbytes, weights_fp=self.weights_fp(),
                         in_pool=self.weights_alloc.pool is not None)

@@ -106,7 +106,7 @@ class WeightsPayload:
                     t.copy_(torch.randint(0, 7, t.shape, generator=g).to(t.dtype))
 
 
-def allocate_weights(model: torch.nn.Module, owner, label: str):
+def _allocate_weights(model: torch.nn.Module, owner, label: str):
     """``(parameters allocation, other allocation or None)`` of ``model`` on the fake device. Up to 0.33 one
     allocation holds the parameters and buffers together (what a sleep treats alike: all offloaded or all
     discarded). From 0.34, whose level-2 sleep discards only the allocations holding nothing but parameters
@@ -140,7 +140,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.device = device
         self.model = None
         self.weights_alloc = None
-        self.other_alloc = None  # 0.34+: buffers and LoRA slots in an allocation of their own (allocate_weights)
+        self.other_alloc = None  # 0.34+: buffers and LoRA slots in an allocation of their own (_allocate_weights)
         self.kv_alloc = None
         self.weights_origin = None
         self.checkpoint_fp = None
@@ -177,7 +177,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             hf = self.load_lora_model(hf, self.model_config, None, self.vllm_config.lora_config, self.device)
         self.model = hf
         nbytes = sum(t.numel() * t.element_size() for _, t in WeightsPayload(hf).tensors())
-        self.weights_alloc, self.other_alloc = allocate_weights(hf, self, "weights")
+        self.weights_alloc, self.other_alloc = _allocate_weights(hf, self, "weights")
         from vllm.model_executor.model_loader.utils import process_weights_after_loading
         process_weights_after_loading(hf, self.model_config, self.device)
         self.checkpoint_fp = self.weights_fp()

@@ -332,7 +332,9 @@ if _fake.V < _fake.Version("0.31.0"):
 if _fake.V < _fake.Version("0.34.0"):  # the names each release has (0.34: gpu_worker.py:297)
     del Worker._discardable_parameters
 if _fake.V < _fake.Version("0.33.0"):  # 0.33: gpu_worker.py:276 / :295 and get_draft_model
-    del Worker._save_sleep_parameters, Worker._get_sleep_parameters, Worker.get_draft_model
+    del Worker._save_sleep_parameters, Worker._get_sleep_parameters
+if _fake.V < _fake.Version("0.27.0"):  # get_draft_model: in the 0.27.0 wheel, not in 0.24.0
+    del Worker.get_draft_model
 
 OWN = {name: vars(Worker)[name] for name in ("__init__", "load_model", "initialize_from_config")}
 """Worker's own functions, taken before anything wraps the class: vllm-ascend's ``NPUWorker`` (the stand-in's
