@@ -24,13 +24,18 @@ def _cache(worker):
     return getattr(getattr(worker, "model_runner", None), "extensible_kv_cache", None)
 
 
-def outside_pool_bytes(engine) -> int:
+def outside_pool_bytes(engine, committed: bool = False) -> int:
     """Pages the extensible KV caches of ``engine`` (a worker, or an engine with in-process workers) hold
-    now: device memory a sleep gives back beside the pool. 0 without one."""
+    now: device memory a sleep gives back beside the pool; ``committed``: what they map when awake
+    (``physical_bytes_for(num_committed_blocks)``, kept across a release). 0 without one."""
     total = 0
     for holder in [engine] + engines.in_process_workers(engine):
+        cache = _cache(holder)
         try:
-            total += int(getattr(_cache(holder), "physical_bytes", 0) or 0)
+            if committed and callable(getattr(cache, "physical_bytes_for", None)):
+                total += int(cache.physical_bytes_for(int(cache.num_committed_blocks)))
+            else:
+                total += int(getattr(cache, "physical_bytes", 0) or 0)
         except Exception:
             continue
     return total

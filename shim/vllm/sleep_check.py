@@ -245,8 +245,8 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         note = "; ".join(x for x in (note, "not verified: vLLM does not report every tag asleep after this sleep; "
                                            "the next sleep reads the device") if x)
     else:
-        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed,
-                                                    sleep_pool.tracked_bytes(probe) + outside)
+        managed = sleep_pool.tracked_bytes(probe) + extensible_kv.outside_pool_bytes(engine, committed=True)
+        effective, cause, fix = sleep_verdict.judge(state, m.tracked, m.freed, managed)
         state.schedule.read_next = not effective
         hidden = sleep_verdict.capped(probe, m.freed)
         if hidden:

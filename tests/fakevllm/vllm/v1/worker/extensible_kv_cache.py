@@ -36,6 +36,10 @@ class ExtensibleKVCache:
     def physical_bytes(self) -> int:
         return self.alloc.nbytes if self.alloc.mapped else 0
 
+    def physical_bytes_for(self, num_blocks: int) -> int:
+        """Bytes a commit of ``num_blocks`` maps (the stand-in's one block is the whole cache)."""
+        return self.alloc.nbytes * num_blocks
+
     def release_physical(self) -> None:
         """Drop physical pages for sleep; addresses and views stay valid."""
         DEVICE.unmap(self.alloc)
