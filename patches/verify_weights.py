@@ -4,7 +4,7 @@ Upstream: none (users ask for it: vllm RFC #52689, verl#6666, a stale-weights de
           huggingface/trl#5312 comment); catches #5312, the level-2 gaps and any other missing push
 Affects:  only with SHIM_VERIFY_WEIGHTS=1|exact: vllm >=0.8.0 (LLM.generate/chat); trl >=0.28.0
           (VLLMGeneration; OnlineDPO), trl >=0.25.0,<0.28.0 (GRPO/RLOO), trl >=0.25.0,<1.0.0 (GOLD);
-          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts; verl >=0.7.1 (tested 0.7.1, 0.8.0, 0.9.0)
+          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts; verl >=0.7.1 (tested 0.7.1, 0.8.0, 0.9.0, 0.9.1)
           ServerAdapter.update_weights with the vLLM rollout, the digest method on vllm >=0.8.0 workers
 Remove:   never (a run-time check, not a fix); a row goes when its trainer leaves the supported range
 
@@ -183,12 +183,15 @@ def _apply_worker(module, patcher):
     patcher.set(module.Worker, verify_weights.WORKER_METHOD, verify_weights.WorkerMethod())
 
 
-VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0 and 0.9.0 ServerAdapter.update_weights -> vLLMHttpServer (collective_rpc, "
-                 "clear_kv_cache) -> verl's BucketedWeightSender/Receiver (ZMQ, shared memory) -> the vLLM stand-in's "
+VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0, 0.9.0 and 0.9.1 ServerAdapter.update_weights -> vLLMHttpServer "
+                 "(collective_rpc, clear_kv_cache) -> verl's BucketedWeightSender/Receiver (ZMQ, shared memory) -> the vLLM stand-in's "
                  "AsyncLLM worker (engine core in a forked process): a tensor the engine leaves out goes unreported "
                  "without the shim, is reported (stale weights, StaleWeights with SHIM_STRICT=1) with it, also from "
                  "an async iterator; a streamed tensor the engine lacks is named; a clean and a partial update stay "
-                 "silent; 0.7.1 with the server half disabled: every update unverifiable, one WARNING, status reason")
+                 "silent; 0.7.1 with the server half disabled: every update unverifiable, one WARNING, status reason. "
+                 "verl 0.9.1 with vLLMHttpServer a real Ray actor (local Ray 2.49 cluster, under python -m shim, wrapt "
+                 "2.x and 1.x): every update verified, a tensor the worker leaves out reported, StaleWeights with "
+                 "SHIM_STRICT=1 (before the fix: unverifiable, 'returned no digests', as on the H200)")
 
 
 VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with trl-stale-weights "
@@ -235,11 +238,11 @@ PATCHES = [
     _patch("verify-weights-verl", "verl", ">=0.7.1", "verl.workers.rollout.vllm_rollout.vllm_rollout",
            (_probe_verl, _apply_verl),
            "ServerAdapter.update_weights: the tensors verl streams are digested as they pass, then compared with "
-           "the engine's after the update (tested 0.7.1-0.9.0)", ("verl", "0.8.0"), VERL_VERIFIED),
+           "the engine's after the update (tested 0.7.1-0.9.1)", ("verl", "0.8.0"), VERL_VERIFIED),
     _patch("verify-weights-verl-server", "verl", ">=0.7.1", "verl.workers.rollout.vllm_rollout.vllm_async_server",
            (_probe_verl_server, _apply_verl_server),
            "vLLMHttpServer.collective_rpc (Ray actor) returns the workers' digests for the shim's own method "
-           "(verl's returns nothing; tested 0.7.1-0.9.0)", ("verl", "0.8.0"), VERL_VERIFIED),
+           "(verl's returns nothing; tested 0.7.1-0.9.1, 0.9.1 on real Ray)", ("verl", "0.8.0"), VERL_VERIFIED),
     _patch("verify-weights-vllm-worker", "vllm", ">=0.8.0", "vllm.v1.worker.gpu_worker", (_probe_worker, _apply_worker),
            "vLLM Worker.shim_weight_digests: digests of the worker's weights, by name over collective_rpc "
            "(verl's engine half)", ("vllm", "0.24.0"), VERL_VERIFIED),

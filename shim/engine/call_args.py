@@ -10,9 +10,22 @@ import inspect
 _signatures: dict = {}
 
 
+def _partial_of(wrapped):
+    """The function under wrapt's ``PartialCallableObjectProxy(function, instance)``, else None: what a wrapper
+    gets as ``wrapped`` for a method called through its class with the instance first (``Cls.method(obj, ...)``;
+    a Ray actor calls every method so, ``ray/util/tracing/tracing_helper.py`` ``_resume_span``). wrapt 2.x's
+    signature of it drops the instance, wrapt 1.x's keeps it (``self`` would take the first argument); and it
+    compares and hashes equal to the function (a cache keyed on it would hand out the class function's
+    signature)."""
+    return wrapped.__wrapped__ if type(wrapped).__name__ == "PartialCallableObjectProxy" else None
+
+
 def _key(wrapped):
     """The cache key: the function, and whether it comes bound (a bound method's signature has no ``self``; a
     probe reading the class's function must not leave its signature for the wrapper's bound calls)."""
+    function = _partial_of(wrapped)
+    if function is not None:
+        return function, True
     return getattr(wrapped, "__func__", wrapped), hasattr(wrapped, "__self__")
 
 
@@ -22,7 +35,12 @@ def signature(wrapped):
         return _signatures[key]
     except (KeyError, TypeError):
         pass
-    sig = inspect.signature(wrapped)
+    function = _partial_of(wrapped)
+    if function is not None:  # the instance is bound: the signature without the first parameter
+        sig = inspect.signature(function)
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    else:
+        sig = inspect.signature(wrapped)
     try:
         _signatures[key] = sig
     except TypeError:  # unhashable callable

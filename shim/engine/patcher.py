@@ -63,6 +63,8 @@ class Patcher:
         in the stack of wrappers) is left alone: wrapt itself does not prevent
         double wrapping.
         """
+        import inspect
+
         import wrapt
 
         current = getattr(owner, name)
@@ -76,7 +78,13 @@ class Patcher:
             acted[patch_id] = acted.get(patch_id, 0) + 1
             return wrapper(wrapped, instance, args, kwargs)
 
-        proxy = wrapt.FunctionWrapper(current if own is _MISSING else own, counted)
+        target = current if own is _MISSING else own
+        if isinstance(owner, type) and inspect.isfunction(target):
+            proxy = _method_wrapper_type()(target, counted)
+            proxy._self_shim_site = (owner, name)
+            proxy._self_shim_unbound = None  # its own: a proxy forwards a missing attribute to the wrapper below
+        else:
+            proxy = wrapt.FunctionWrapper(target, counted)
         setattr(proxy, MARKER, self.patch_id)
         setattr(owner, name, proxy)
         self.changes.append((owner, name, own))
@@ -133,3 +141,50 @@ class Patcher:
 
 
 _MISSING = MISSING = object()
+
+
+_METHOD_WRAPPER: list = []
+
+
+def _method_wrapper_type():
+    """The ``wrapt.FunctionWrapper`` the shim puts on a class's method: one that travels by name when pickled.
+
+    Ray makes an actor class at ``ray.remote(cls)`` (``ray/actor.py`` ``_make_actor``: ``_modify_class``, then
+    ``ray/util/tracing/tracing_helper.py`` ``_inject_tracing_into_class``) by reading every method off the class
+    (``inspect.getmembers``) and closing a tracing wrapper over what it read; the class then goes to the actor's
+    process through Ray's cloudpickle, by value. cloudpickle takes a wrapt proxy for the function it proxies
+    (``__class__``, ``__code__``, ``__globals__`` are the wrapped function's) and, as the class attribute is a new
+    bound proxy at every lookup (not the object it is pickling), pickles that function's code by value: the actor
+    runs a bare copy of the upstream method and never the shim's wrapper, although the shim applied there too
+    (verl 0.9.1's ``vLLMHttpServer`` with Ray 2.60 on an H200; the same code in Ray 2.49, reproduced on CPU).
+
+    Here the proxy a class lookup gives is one object per wrapper (while it wraps the same thing), so cloudpickle
+    finds it at its module and qualified name and pickles it by reference; its ``__reduce_ex__`` then names it as
+    Python names a method, ``getattr(owner, name)`` (``getattr(instance, name)`` where bound): the receiving
+    process gets ITS attribute -- the shim's wrapper where the shim is active there, the upstream method where it
+    is not (plain wrapt raises where cloudpickle does not copy it)."""
+    if _METHOD_WRAPPER:
+        return _METHOD_WRAPPER[0]
+    import wrapt
+
+    class BoundMethodWrapper(wrapt.BoundFunctionWrapper):
+        def __reduce_ex__(self, protocol):
+            owner, name = self._self_parent._self_shim_site
+            instance = self._self_instance
+            return getattr, (owner if instance is None else instance, name)
+
+    class MethodWrapper(wrapt.FunctionWrapper):
+        __bound_function_wrapper__ = BoundMethodWrapper
+
+        def __get__(self, instance, owner=None):
+            if instance is not None:
+                return wrapt.FunctionWrapper.__get__(self, instance, owner)
+            cached = self._self_shim_unbound
+            if cached is None or cached[0] is not self.__wrapped__:  # re-pointed (a layer below taken out)
+                site = self._self_shim_site[0]
+                cached = (self.__wrapped__, wrapt.FunctionWrapper.__get__(self, None, site))
+                self._self_shim_unbound = cached
+            return cached[1]
+
+    _METHOD_WRAPPER.append(MethodWrapper)
+    return MethodWrapper

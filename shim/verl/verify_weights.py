@@ -1,7 +1,7 @@
 """Weight verification of verl's weight updates (``SHIM_VERIFY_WEIGHTS``): what the trainer streamed, checked
 in the engine after ``ServerAdapter.update_weights``.
 
-verl (0.7.1 - 0.9.0, read in the wheels) runs vLLM's ``AsyncLLM`` in a Ray actor (``vLLMHttpServer``,
+verl (0.7.1 - 0.9.1, read in the wheels) runs vLLM's ``AsyncLLM`` in a Ray actor (``vLLMHttpServer``,
 ``verl/workers/rollout/vllm_rollout/vllm_async_server.py``); the trainer's rollout adapter
 (``ServerAdapter.update_weights(weights, global_steps=None, **kwargs)`` in ``vllm_rollout.py``; 0.9.0 adds
 ``wire_format``) asks the server for ``collective_rpc("update_weights_from_ipc")``, streams the generator
@@ -18,8 +18,10 @@ rollouts from the second update) says nothing. Three parts, one per process:
   (``shim.verify.weights.report_stale``: one WARNING ``stale weights`` naming tensors, ``StaleWeights`` with
   ``SHIM_STRICT=1``, the counts ``verified`` / ``stale`` / ``unverifiable``);
 - rollout server (:func:`collective_rpc_wrapper`): verl's ``vLLMHttpServer.collective_rpc`` awaits the
-  engine's ``collective_rpc`` and returns nothing (0.7.1/0.8.0 line 198, 0.9.0 line 219); for the shim's own
-  method only (:data:`WORKER_METHOD`) it returns the workers' results; every other call is verl's;
+  engine's ``collective_rpc`` and returns nothing (0.7.1/0.8.0 line 198, 0.9.0 line 219, 0.9.1 line 256); for the
+  shim's own method only (:data:`WORKER_METHOD`) it returns the workers' results; every other call is verl's. The
+  actor runs this wrapper only because the shim's method wrappers pickle by name (``shim.engine.patcher``): Ray
+  ships the actor class by value, with each method read off the class at ``ray.remote`` in the driver;
 - vLLM worker (:func:`worker_digests`, set on ``vllm.v1.worker.gpu_worker.Worker``): the digests, computed in
   the process that holds the weights (a method by name: vLLM ships no function without
   ``VLLM_ALLOW_INSECURE_SERIALIZATION``, which verl does not set).

@@ -171,7 +171,7 @@ def triton_path() -> pathlib.Path:
     return _cached(dest, [f"triton=={TRITON_VERSION}"], "triton")
 
 
-VERL_VERSIONS: tuple[str, ...] = ("0.7.1", "0.8.0", "0.9.0")
+VERL_VERSIONS: tuple[str, ...] = ("0.7.1", "0.8.0", "0.9.0", "0.9.1")
 """verl releases the suite covers: 0.7.1 and 0.8.0 sleep an MTP rollout at level 2 (verl#6661), 0.9.0 has the fix."""
 
 VERL_DEPS: tuple[str, ...] = (

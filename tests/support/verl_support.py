@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tests.support.helpers import REPO, clean_env, last_json, run_python
 
-VLLM_FOR = {"0.7.1": "0.12.0", "0.8.0": "0.12.0", "0.9.0": "0.24.0"}
+VLLM_FOR = {"0.7.1": "0.12.0", "0.8.0": "0.12.0", "0.9.0": "0.24.0", "0.9.1": "0.24.0"}
 
 
 def verl_environment(release: str, vllm: "str | None" = None):

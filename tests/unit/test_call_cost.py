@@ -78,6 +78,20 @@ def test_arg_answers_as_inspect_binding(method, args, kwargs, name):
     assert call_args.arg(wrapped, args, kwargs, name, "default") == _slow(wrapped, args, kwargs, name, "default")
 
 
+@pytest.mark.parametrize("method, args, kwargs, name", CALLS)
+def test_arg_of_a_method_called_through_its_class_answers_as_bound(method, args, kwargs, name):
+    """``Cls.method(obj, ...)`` (how a Ray actor calls each method): wrapt hands the wrapper
+    ``PartialCallableObjectProxy(function, obj)``, the arguments without ``obj``. Answered as for the bound method,
+    also after the class's function was read (a probe: its signature has ``self``), under wrapt 1.x too (whose
+    signature of the proxy keeps ``self``)."""
+    import wrapt
+
+    call_args.signature(getattr(Engine, method))
+    wrapped = wrapt.PartialCallableObjectProxy(getattr(Engine, method), Engine())
+    bound = getattr(Engine(), method)
+    assert call_args.arg(wrapped, args, kwargs, name, "default") == _slow(bound, args, kwargs, name, "default")
+
+
 def test_arg_positional_call_does_not_bind(monkeypatch):
     """The fast path is taken (no ``bind_partial``) for a positional-only call of a plain signature."""
     wrapped = Engine().wake_up

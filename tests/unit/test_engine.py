@@ -206,3 +206,20 @@ def test_shadow_puts_back_exactly_and_stacks():
     with shadow(m, "load_weights", lambda w: ("ours", w)):  # one set on top of ours and kept:
         m.load_weights = top                                  # ours does not take it away
     assert vars(m)["load_weights"] is top
+
+
+def test_a_wrapped_method_pickles_by_name_as_ray_ships_an_actor_class():
+    """A Ray actor class ships by value with the methods read off the class at ``ray.remote`` (issue 30 item 1):
+    the shim's wrapper pickles as ``getattr(owner, name)`` (bound: ``getattr(instance, name)``), so the loading
+    process runs its own attribute -- the shim's wrappers where it is active, upstream's method where it is not
+    -- never a bare copy of upstream's code; a class lookup is one object while it wraps the same thing, and a
+    layer taken out below is gone from it too."""
+    from tests.support.envs import verl_deps_path
+
+    code = (CHILDREN / "pickle_by_name.py").read_text()
+    out = last_json(run_python(code, path=[*PATH, verl_deps_path()]))  # cloudpickle: the verl deps' (Ray's pin)
+    assert out["same"] is True and out["class"] == "second:patched:original:x", out
+    assert out["here"] == "second:patched:original:x", out  # shipped with the shim active here: its wrappers
+    assert out["bound"] == ["second:patched:original:x", "Engine"], out
+    assert out["class_after"] == "second:original:x", out
+    assert out["there"] == "original:x" and out["plain"] == "original:x", out
