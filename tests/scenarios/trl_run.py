@@ -2,7 +2,7 @@
 
     python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
-        [--rollout default|openenv] [--skip-push NAME] [--lora] [--model qwen2|mla] [--final-compare]
+        [--rollout default|openenv] [--skip-push NAME] [--lora [--lora-bias]] [--model qwen2|mla] [--final-compare]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
@@ -25,7 +25,11 @@ a real delta). At every generate the observation also records, through
 ``tests.support.lora_check``: how many elements of the frozen base tensors differ (bytes) from
 the trainer's model right after TRL built it (``base_changed``), how many engine elements are
 further than one bfloat16 rounding from the trainer's base plus adapter merged out of place
-(``beyond``), and per LoRA layer class how many elements the adapter moves (``effect``).
+(``beyond``), and per LoRA layer class how many elements the adapter moves (``effect``). ``--lora-bias``:
+``LoraConfig(lora_bias=True)`` on ``q_proj``/``v_proj`` only (PEFT has no LoRA bias for embeddings); the
+reference adds ``lora_B.bias * scaling`` to each base bias, and the observation also records how many
+elements of the base biases differ from the start (``bias_changed``) and how many the LoRA bias moves
+(``bias_effect``).
 """
 import argparse
 import json
@@ -56,6 +60,9 @@ def parse():
                    help="an LLM without chat (a vLLM shape the verify-weights-vllm probe does not accept); "
                         "use with --shim after so the class is changed before the shim's hook sees it")
     p.add_argument("--lora", action="store_true", help="bf16 model wrapped by TRL in a PEFT LoRA (peft_config)")
+    p.add_argument("--lora-bias", action="store_true",
+                   help="with --lora: LoraConfig(lora_bias=True) on q_proj/v_proj only (PEFT has no LoRA bias for "
+                        "embeddings)")
     p.add_argument("--model", choices=("qwen2", "mla"), default="qwen2")
     p.add_argument("--final-compare", action="store_true")
     p.add_argument("--out", required=True)
@@ -152,8 +159,9 @@ def main():
             from peft import LoraConfig
             from transformers import AutoModelForCausalLM
 
+            targets = ["q_proj", "v_proj"] + ([] if a.lora_bias else ["embed_tokens"])
             extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                                              target_modules=["q_proj", "v_proj", "embed_tokens"])
+                                              target_modules=targets, lora_bias=a.lora_bias)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
         else:
             model = model_dir
@@ -189,6 +197,11 @@ def main():
                     beyond=lora_check.beyond_one_rounding(dict(engine_model.named_parameters()),
                                                           lora_check.reference(model), torch.bfloat16),
                     effect=lora_check.adapter_effect(model, torch.bfloat16))
+                if a.lora_bias:
+                    observed[-1].update(
+                        bias_changed=lora_check.changed_elements(
+                            model, {n: t for n, t in base_before.items() if n.endswith("base_layer.bias")}),
+                        bias_effect=lora_check.bias_effect(model, torch.bfloat16))
             return original(self, *args, **kwargs)
 
         setattr(LLM, method, instrumented)
