@@ -2,7 +2,8 @@
 
     python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
-        [--rollout default|openenv] [--skip-push NAME] [--lora [--lora-bias]] [--model qwen2|mla] [--final-compare]
+        [--rollout default|openenv] [--skip-push NAME] [--lora [--lora-bias]] [--images] [--model qwen2|mla]
+        [--final-compare]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
@@ -16,7 +17,10 @@ the stand-in's fingerprints; with ``--model mla`` (a tiny DeepSeek-V2) also whet
 layer's derived ``W_UK_T`` / ``W_UV`` are the ones its current ``kv_b_proj`` gives (``derived``) and
 lie in the weights pool (``derived_in_pool``). ``--final-compare``: after training, the trainer's own
 push method writes the final weights, and the engine's greedy completions are compared with those of
-a fresh engine (no sleep mode) loaded from the trainer's saved weights (``final``).
+a fresh engine (no sleep mode) loaded from the trainer's saved weights (``final``). ``--images``: every
+prompt sent to ``LLM.generate`` carries the same image (a vision-language rollout's shape), so it goes
+through the stand-in's encoder cache; the summary counts the images served with an encoder output of
+other weights (``stale_encoder_hits``), the cache hits and the engine's ``reset_encoder_cache`` calls.
 
 ``--lora`` (GRPO/RLOO): the trainer model is loaded in bfloat16 and TRL wraps it in a PEFT LoRA
 (``peft_config``: rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so ``lora.Linear`` and
@@ -63,6 +67,9 @@ def parse():
     p.add_argument("--lora-bias", action="store_true",
                    help="with --lora: LoraConfig(lora_bias=True) on q_proj/v_proj only (PEFT has no LoRA bias for "
                         "embeddings)")
+    p.add_argument("--images", action="store_true",
+                   help="every prompt the trainer sends to LLM.generate carries one image (the same one), as a "
+                        "vision-language rollout's do: it goes through the stand-in's encoder cache")
     p.add_argument("--model", choices=("qwen2", "mla"), default="qwen2")
     p.add_argument("--final-compare", action="store_true")
     p.add_argument("--out", required=True)
@@ -228,6 +235,19 @@ def main():
                 "derived_in_pool": all(h.W_UV.untyped_storage().data_ptr() in pool for h in holders)}
 
     observe("generate")
+    if a.images:
+        from PIL import Image
+
+        image = Image.new("RGB", (8, 8), (10, 20, 30))
+        plain_generate = LLM.generate
+
+        def with_image(self, prompts, *args, **kwargs):
+            items = prompts if isinstance(prompts, (list, tuple)) else [prompts]
+            items = [{**(p if isinstance(p, dict) else {"prompt": p}), "multi_modal_data": {"image": image}}
+                     for p in items]
+            return plain_generate(self, items, *args, **kwargs)
+
+        LLM.generate = with_image
     if hasattr(LLM, "chat"):
         observe("chat")
     import logging
@@ -273,6 +293,9 @@ def main():
         "reloads": sum(1 for e in EVENTS if e["event"] == "reload_weights"),
         "lost_writes": sum(1 for e in EVENTS if e["event"] == "load_weights" and e.get("lost")),
         "guard_warnings": sum(1 for e in EVENTS if e["event"] == "executor_guard"),
+        "stale_encoder_hits": sum(e.get("stale_encoder_hits", 0) for e in EVENTS if e["event"] == "generate"),
+        "encoder_hits": sum(e.get("encoder_hits", 0) for e in EVENTS if e["event"] == "generate"),
+        "encoder_resets": sum(1 for e in EVENTS if e["event"] == "reset_encoder_cache"),
         "decisions": {k: d.text() for k, d in registry.decisions().items()},
         "metrics": metrics,
         "shim_warnings": warnings,
