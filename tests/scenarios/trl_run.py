@@ -168,7 +168,7 @@ def main():
 
             targets = ["q_proj", "v_proj"] + ([] if a.lora_bias else ["embed_tokens"])
             extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                                              target_modules=targets, lora_bias=a.lora_bias)
+                                              target_modules=targets, **({"lora_bias": True} if a.lora_bias else {}))
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
         else:
             model = model_dir
