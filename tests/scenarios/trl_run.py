@@ -2,7 +2,8 @@
 
     python tests/scenarios/trl_run.py --trainer grpo|rloo|online_dpo|gold --out DIR
         [--shim before|after|off] [--sleep on|off] [--steps 3] [--ga 2] [--spg 1] [--lr 0.05]
-        [--rollout default|openenv] [--skip-push NAME] [--lora] [--model qwen2|mla] [--final-compare]
+        [--rollout default|openenv] [--skip-push NAME] [--lora [--lora-bias]] [--images] [--model qwen2|mla]
+        [--final-compare]
 
 Run with a TRL release, tests/fakevllm and the repository on PYTHONPATH (tests
 do this through ``tests.support.trl_support.run_trl``). ``--shim before`` imports
@@ -16,7 +17,10 @@ the stand-in's fingerprints; with ``--model mla`` (a tiny DeepSeek-V2) also whet
 layer's derived ``W_UK_T`` / ``W_UV`` are the ones its current ``kv_b_proj`` gives (``derived``) and
 lie in the weights pool (``derived_in_pool``). ``--final-compare``: after training, the trainer's own
 push method writes the final weights, and the engine's greedy completions are compared with those of
-a fresh engine (no sleep mode) loaded from the trainer's saved weights (``final``).
+a fresh engine (no sleep mode) loaded from the trainer's saved weights (``final``). ``--images``: every
+prompt sent to ``LLM.generate`` carries the same image (a vision-language rollout's shape), so it goes
+through the stand-in's encoder cache; the summary counts the images served with an encoder output of
+other weights (``stale_encoder_hits``), the cache hits and the engine's ``reset_encoder_cache`` calls.
 
 ``--lora`` (GRPO/RLOO): the trainer model is loaded in bfloat16 and TRL wraps it in a PEFT LoRA
 (``peft_config``: rank 4 on ``q_proj``, ``v_proj`` and ``embed_tokens``, so ``lora.Linear`` and
@@ -25,7 +29,11 @@ a real delta). At every generate the observation also records, through
 ``tests.support.lora_check``: how many elements of the frozen base tensors differ (bytes) from
 the trainer's model right after TRL built it (``base_changed``), how many engine elements are
 further than one bfloat16 rounding from the trainer's base plus adapter merged out of place
-(``beyond``), and per LoRA layer class how many elements the adapter moves (``effect``).
+(``beyond``), and per LoRA layer class how many elements the adapter moves (``effect``). ``--lora-bias``:
+``LoraConfig(lora_bias=True)`` on ``q_proj``/``v_proj`` only (PEFT has no LoRA bias for embeddings); the
+reference adds ``lora_B.bias * scaling`` to each base bias, and the observation also records how many
+elements of the base biases differ from the start (``bias_changed``) and how many the LoRA bias moves
+(``bias_effect``).
 """
 import argparse
 import json
@@ -56,6 +64,12 @@ def parse():
                    help="an LLM without chat (a vLLM shape the verify-weights-vllm probe does not accept); "
                         "use with --shim after so the class is changed before the shim's hook sees it")
     p.add_argument("--lora", action="store_true", help="bf16 model wrapped by TRL in a PEFT LoRA (peft_config)")
+    p.add_argument("--lora-bias", action="store_true",
+                   help="with --lora: LoraConfig(lora_bias=True) on q_proj/v_proj only (PEFT has no LoRA bias for "
+                        "embeddings)")
+    p.add_argument("--images", action="store_true",
+                   help="every prompt the trainer sends to LLM.generate carries one image (the same one), as a "
+                        "vision-language rollout's do: it goes through the stand-in's encoder cache")
     p.add_argument("--model", choices=("qwen2", "mla"), default="qwen2")
     p.add_argument("--final-compare", action="store_true")
     p.add_argument("--out", required=True)
@@ -152,8 +166,9 @@ def main():
             from peft import LoraConfig
             from transformers import AutoModelForCausalLM
 
+            targets = ["q_proj", "v_proj"] + ([] if a.lora_bias else ["embed_tokens"])
             extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                                              target_modules=["q_proj", "v_proj", "embed_tokens"])
+                                              target_modules=targets, **({"lora_bias": True} if a.lora_bias else {}))
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
         else:
             model = model_dir
@@ -189,6 +204,11 @@ def main():
                     beyond=lora_check.beyond_one_rounding(dict(engine_model.named_parameters()),
                                                           lora_check.reference(model), torch.bfloat16),
                     effect=lora_check.adapter_effect(model, torch.bfloat16))
+                if a.lora_bias:
+                    observed[-1].update(
+                        bias_changed=lora_check.changed_elements(
+                            model, {n: t for n, t in base_before.items() if n.endswith("base_layer.bias")}),
+                        bias_effect=lora_check.bias_effect(model, torch.bfloat16))
             return original(self, *args, **kwargs)
 
         setattr(LLM, method, instrumented)
@@ -215,6 +235,19 @@ def main():
                 "derived_in_pool": all(h.W_UV.untyped_storage().data_ptr() in pool for h in holders)}
 
     observe("generate")
+    if a.images:
+        from PIL import Image
+
+        image = Image.new("RGB", (8, 8), (10, 20, 30))
+        plain_generate = LLM.generate
+
+        def with_image(self, prompts, *args, **kwargs):
+            items = prompts if isinstance(prompts, (list, tuple)) else [prompts]
+            items = [{**(p if isinstance(p, dict) else {"prompt": p}), "multi_modal_data": {"image": image}}
+                     for p in items]
+            return plain_generate(self, items, *args, **kwargs)
+
+        LLM.generate = with_image
     if hasattr(LLM, "chat"):
         observe("chat")
     import logging
@@ -260,6 +293,9 @@ def main():
         "reloads": sum(1 for e in EVENTS if e["event"] == "reload_weights"),
         "lost_writes": sum(1 for e in EVENTS if e["event"] == "load_weights" and e.get("lost")),
         "guard_warnings": sum(1 for e in EVENTS if e["event"] == "executor_guard"),
+        "stale_encoder_hits": sum(e.get("stale_encoder_hits", 0) for e in EVENTS if e["event"] == "generate"),
+        "encoder_hits": sum(e.get("encoder_hits", 0) for e in EVENTS if e["event"] == "generate"),
+        "encoder_resets": sum(1 for e in EVENTS if e["event"] == "reset_encoder_cache"),
         "decisions": {k: d.text() for k, d in registry.decisions().items()},
         "metrics": metrics,
         "shim_warnings": warnings,

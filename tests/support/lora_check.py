@@ -2,8 +2,9 @@
 
 ``reference(model)`` is what a weight push of the PEFT model ``model`` should put in the engine,
 under the engine's names: every base tensor, and for each LoRA layer (``lora.Linear``,
-``lora.Embedding``) its base weight plus ``B @ A * scaling`` of every active adapter, summed in
-float32 from the tensors as they are now. It reads the adapter tensors directly (not PEFT's
+``lora.Embedding``) its base weight plus ``B @ A * scaling`` of every active adapter (and, with
+``lora_bias=True``, its base bias plus ``lora_B.bias * scaling``), summed in float32 from the tensors as
+they are now. It reads the adapter tensors directly (not PEFT's
 ``merge``/``get_delta_weight``), so it does not share a line with what it checks.
 
 ``beyond_one_rounding(pushed, ref, dtype)`` counts the pushed elements further from the reference
@@ -39,6 +40,35 @@ def _delta(layer, adapter):
     return None
 
 
+def _bias_delta(layer):
+    """float32 ``lora_B.bias * scaling`` summed over the active adapters with ``lora_bias`` (PEFT's merge adds
+    it to the base bias); None where no active adapter of ``layer`` has one."""
+    total = None
+    for adapter in layer.active_adapters:
+        if getattr(layer, "lora_bias", {}).get(adapter) and adapter in getattr(layer, "lora_B", {}):
+            delta = layer.lora_B[adapter].bias.float() * layer.scaling[adapter]
+            total = delta if total is None else total + delta
+    return total
+
+
+def bias_effect(model, dtype) -> int:
+    """Elements of the LoRA layers' base biases that a LoRA bias (``lora_bias=True``) moves by more than one
+    rounding to ``dtype`` (0 without a LoRA bias)."""
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    count = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, BaseTunerLayer) or module.merged:
+                continue
+            delta = _bias_delta(module)
+            if delta is not None:
+                base = module.get_base_layer().bias.detach().float()
+                count += int((delta.abs() > _one_rounding(base.abs() + delta.abs(), dtype)).sum())
+    return count
+
+
 def reference(model) -> dict:
     """vLLM name -> (float32 merged tensor, float32 sum of |delta|) for every base tensor of ``model``."""
     import torch
@@ -55,6 +85,9 @@ def reference(model) -> dict:
                 total = delta if total is None else total + delta
         if total is not None:
             deltas[f"{module_name}.base_layer.weight"] = total
+        bias = _bias_delta(module)
+        if bias is not None:
+            deltas[f"{module_name}.base_layer.bias"] = bias
     out = {}
     with torch.no_grad():
         for name, param in model.named_parameters():

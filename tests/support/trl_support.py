@@ -39,10 +39,11 @@ def vllm_for(trl_version: str) -> str:
     return "0.10.2" if major_minor < (0, 27) else "0.24.0"
 
 
-def run_trl(trl_version: str, out_dir, *args: str, env: dict | None = None, script=SCENARIO) -> dict:
+def run_trl(trl_version: str, out_dir, *args: str, env: dict | None = None, script=SCENARIO,
+            vllm: "str | None" = None) -> dict:
     """Run ``script`` (a scenario under tests/scenarios, ``trl_run.py`` by default) with ``args`` against
-    one TRL release and the stand-in of the vLLM it supports; its JSON summary."""
-    vllm_version = vllm_for(trl_version)
+    one TRL release and the stand-in of the vLLM it supports (``vllm``: another version); its JSON summary."""
+    vllm_version = vllm or vllm_for(trl_version)
     environment = clean_env(FAKEVLLM_VERSION=vllm_version, TOKENIZERS_PARALLELISM="false",
                             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                             OMP_NUM_THREADS="1", MASTER_PORT=rendezvous_port(), **(env or {}))

@@ -87,3 +87,25 @@ def test_lora_variant_is_left_to_upstream():
     assert [s["base_changed"] for s in on["syncs"]] == [s["base_changed"] for s in off["syncs"]]
     lines = [w for w in on["shim_warnings"] if w.startswith("trl-lora-merge-drift")]
     assert len(lines) == 1 and "LoRA variants" in lines[0], on["shim_warnings"]
+
+
+@pytest.mark.parametrize("version", ["1.16.0"])
+def test_colocate_lora_bias_pushed_merged(version):
+    """``LoraConfig(lora_bias=True)``: PEFT's merge also adds ``lora_B.bias * scaling`` to the base bias (and its
+    unmerge subtracts it, moving the bias by a rounding too). The engine must get the merged bias, the base bias
+    must keep its bytes. Without the shim the base biases walk; a push of the bias un-merged is caught by
+    ``beyond`` (the reference includes the LoRA bias)."""
+    off = colocate_bias(version, "off")
+    assert off["generates"][-1]["bias_changed"] > 0, off["generates"]  # the bug reaches the biases too
+    on = colocate_bias(version, "before")
+    assert on["decisions"][RECORD[version]] == "applied"
+    assert len(on["generates"]) == len(off["generates"]) == 8
+    for g in on["generates"]:
+        assert g["bias_changed"] == 0 and g["base_changed"] == 0, on["generates"]
+        assert g["beyond"] == 0, on["generates"]  # engine = base + adapter, bias included (within one rounding)
+        assert g["bias_effect"] > 10, on["generates"]  # the LoRA bias moves the biases: not vacuous
+
+
+def colocate_bias(version, shim):
+    out = tempfile.mkdtemp(prefix=f"trl-lora-bias-{version}-{shim}-")
+    return run_trl(version, out, "--trainer", "grpo", "--shim", shim, "--lora", "--lora-bias", "--steps", "4")

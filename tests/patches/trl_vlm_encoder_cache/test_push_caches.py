@@ -126,3 +126,20 @@ def test_online_dpo_push_with_sleep_off_resets_the_encoder_cache(model_dir):
                        SHIM_DISABLED_PATCHES="trl-vlm-encoder-cache")
     assert on["trained_weights"] is True and on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 1, \
         proc.stderr
+
+
+def test_grpo_push_path_alone_resets_the_encoder_cache(tmp_path):
+    """TRL 0.27.2 GRPO (colocate, sleep on, level 2) whose every prompt carries the same image, on vLLM 0.16
+    (``reset_encoder_cache`` exists, the sleep does not reset the caches yet): no ``VLLMGeneration`` and no
+    OnlineDPO push are involved, so the only reset after a push is the shim's own push path
+    (``shim.trl.colocate`` -> ``synced_llm.after_push`` -> ``caches.after_push``). Without the shim, images
+    reused after a push get the encoder output of the old weights (trl#7198 in GRPO's own push)."""
+    from tests.support.trl_support import run_trl
+
+    args = ("--trainer", "grpo", "--images", "--steps", "3")
+    off = run_trl("0.27.2", tmp_path / "off", *args, "--shim", "off", vllm="0.16.0")
+    assert off["encoder_hits"] > 0 and off["stale_encoder_hits"] > 0 and off["encoder_resets"] == 0  # the bug
+    on = run_trl("0.27.2", tmp_path / "on", *args, "--shim", "before", vllm="0.16.0")
+    assert not [d for d in on["decisions"] if "online-dpo" in d and on["decisions"][d] == "applied"]
+    assert on["mismatches"] == 0 and len(on["generates"]) == len(off["generates"]) > 2
+    assert on["encoder_hits"] > 0 and on["stale_encoder_hits"] == 0 and on["encoder_resets"] >= 2, on["shim_warnings"]

@@ -73,3 +73,26 @@ def test_level2_wake_of_both_tags_in_one_call_restores_the_buffers(model_dir, de
     (the saved buffers are hidden only from a wake without ``weights``)."""
     on, proc = run(model_dir, BOTH_TAGS, shim=True, device=device)
     assert on["n_buffers"] >= 1 and on["kept"] is True and on["same_output"] is True, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def mla_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_mla_model
+
+    return make_tiny_mla_model(str(tmp_path_factory.mktemp("mla") / "m"), seed=0)
+
+
+@pytest.mark.parametrize("version,device", [("0.10.2", "cuda"), ("0.24.0", "cuda"), ("0.24.0", "npu")])
+def test_level2_wake_without_tags_restores_buffers_and_plain_tensors(mla_dir, version, device):
+    """``wake_up()`` with no tags wakes every tag, the weights included: the saved buffers are left to
+    upstream's restore (``vllm-level2-buffers`` must not hide them as from a ``kv_cache``-only wake) and the
+    plain tensors a level-2 sleep discards are written back (``vllm-level2-tensors``). A tiny DeepSeek-V2 with
+    a quantized ``kv_b_proj`` (rope buffers, and MLA's dequantized matrices as plain attributes), on vLLM's
+    tag-blind restore (< 0.27; vllm-ascend in every release). Without the shim the buffers come back
+    (upstream restores them) but the plain tensors do not (the bug ``vllm-level2-tensors`` fixes)."""
+    env = dict(version=version, device=device, FAKEVLLM_QUANTIZATION="fp8")
+    off, _ = run(mla_dir, CHILDREN / "no_tags.py", shim=False, **env)
+    assert off["n_buffers"] >= 1 and off["n_mla"] >= 1
+    assert off["kept"] is True and off["derived_back"] is False and off["same_output"] is False
+    on, proc = run(mla_dir, CHILDREN / "no_tags.py", shim=True, **env)
+    assert on["kept"] is True and on["derived_back"] is True and on["same_output"] is True, proc.stderr
