@@ -11,9 +11,12 @@ Upstream: vllm-project/vllm#45619 (gate the level-2 buffer restore on the weight
           offloads the rest of the weights tag like level 1; _sleep_saved_buffers is gone
 Affects:  vllm >=0.8.0,<0.27.0; vllm-ascend >=0.13.0 (vllm_ascend.worker.worker); a trainer that wakes
           kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29). Plain tensors: vLLM
-          >=0.8.0,<0.34.0 and vllm-ascend >=0.13.0rc1 (level 2, tensors allocated in the weights pool)
+          >=0.8.0,<0.34.0 and vllm-ascend >=0.13.0rc1 (level 2, tensors allocated in the weights pool).
+          Module globals: vllm-ascend >=0.13.0 (ops/rotary_embedding.py ``_cos_cache`` / ``_sin_cache``;
+          absent in 0.13.0rc1, there in 0.13.0, 0.18.0, 0.23.0; fix PR vllm-ascend#17217 open)
 Remove:   buffers: when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the restore; plain
-          tensors: when the shim's minimum vLLM is >=0.34.0 and vllm-ascend's level-2 sleep keeps them
+          tensors: when the shim's minimum vLLM is >=0.34.0 and vllm-ascend's level-2 sleep keeps them;
+          module globals: when vllm-ascend's level-2 sleep keeps its rope caches (vllm-ascend#17217)
 
 Buffers: the saved buffers are copied into the still-unmapped weight memory:
 CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
@@ -32,6 +35,15 @@ vLLM's reload (``trl-push-reprocess``), the attention layers' attributes the pus
 (``shim.vllm.buffers``). From vLLM 0.34 the record stands down as fixed upstream (range; the probe
 also stands down on a pre-release whose ``Worker`` has ``_discardable_parameters``); the probe reads
 ``sleep`` and stands down where it saves module attributes itself.
+
+Module globals (``vllm-ascend-level2-tensors`` only): vllm-ascend 0.13.0+ keeps the MLA / MTP rope caches
+``_cos_cache`` / ``_sin_cache`` as globals of ``vllm_ascend/ops/rotary_embedding.py``
+(``_record_cos_and_sin_cache_interleaved`` in ``AscendRotaryEmbedding.__init__``: one new tensor, made
+while ``load_model`` builds the model in the weights pool). No module holds them, so the attribute walk
+misses them; the level-2 sleep discards them, ``NPUWorker.wake_up`` restores buffers only, and the MLA
+path (``get_cos_and_sin_mla``) reads them at every step: silently wrong outputs. The NPU record's
+``sleep`` wrapper also keeps every weights-pool storage a global of a ``vllm_ascend`` module references
+(not a parameter's or a buffer's), restored with the rest.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -58,7 +70,7 @@ _probe_gpu, _apply_gpu = _binding("Worker")
 _probe_npu, _apply_npu = _binding("NPUWorker")
 
 
-def _plain_binding(class_name):
+def _plain_binding(class_name, save="save_plain"):
     def probe(module):
         from shim.vllm import buffers
 
@@ -71,14 +83,14 @@ def _plain_binding(class_name):
         from shim.vllm import buffers
 
         cls = getattr(module, class_name)
-        patcher.wrap(cls, "sleep", buffers.save_plain)
+        patcher.wrap(cls, "sleep", getattr(buffers, save))
         patcher.wrap(cls, "wake_up", buffers.restore_plain)
 
     return probe, apply
 
 
 _probe_gpu_plain, _apply_gpu_plain = _plain_binding("Worker")
-_probe_npu_plain, _apply_npu_plain = _plain_binding("NPUWorker")
+_probe_npu_plain, _apply_npu_plain = _plain_binding("NPUWorker", save="save_plain_and_globals")
 
 GPU = Patch(
     id="vllm-level2-buffers",
@@ -132,8 +144,10 @@ NPU_PLAIN = Patch(
     module="vllm_ascend.worker.worker",
     apply=_apply_npu_plain,
     probe=_probe_npu_plain,
-    summary="as vllm-level2-tensors, on vllm-ascend's NPUWorker",
-    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata)",
+    summary="as vllm-level2-tensors, on vllm-ascend's NPUWorker, plus the weights-pool tensors held by vllm_ascend "
+            "module globals (the MLA/MTP rope caches _cos_cache/_sin_cache, vllm-ascend#17217)",
+    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata: MLA matrices; 0.23.0: the rope "
+             "caches, greedy output differs without the shim, identical with it)",
 )
 
 PATCHES = [GPU, NPU, GPU_PLAIN, NPU_PLAIN]

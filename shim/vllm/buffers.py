@@ -165,7 +165,7 @@ def _plain_to_keep(worker) -> list:
     return keep
 
 
-def save_plain(wrapped, instance, args, kwargs):
+def save_plain(wrapped, instance, args, kwargs, _select=None):
     """Wrapper of the worker's ``sleep``: before a level-2 sleep, host copies of the plain tensors it would discard."""
     from shim.engine import call_args
 
@@ -174,12 +174,75 @@ def save_plain(wrapped, instance, args, kwargs):
         import torch
 
         saved = {}
-        for ptr, storage in _plain_to_keep(instance):
+        for ptr, storage in (_select or _plain_to_keep)(instance):
             host = torch.empty((storage.nbytes(),), dtype=torch.uint8).untyped_storage()
             host.copy_(storage)
             saved[ptr] = (storage, host)
         setattr(instance, SAVED_PLAIN, saved)
     return wrapped(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# tensors held by module globals (vllm-ascend's rope caches) across a level-2 sleep
+# ---------------------------------------------------------------------------
+# vllm-ascend (0.13.0 - 0.23.0 at least, ``vllm_ascend/ops/rotary_embedding.py``) keeps rope caches as
+# MODULE globals: ``AscendRotaryEmbedding.__init__`` -> ``_record_cos_and_sin_cache_interleaved`` makes
+# ``_cos_cache`` / ``_sin_cache`` (two halves of one new tensor) while ``NPUWorker.load_model`` builds the
+# model inside the weights pool. No module owns them, so the attribute walk above misses them, the level-2
+# sleep discards them and ``NPUWorker.wake_up`` restores buffers only; the MLA / SFA path reads them
+# (``get_cos_and_sin_mla``) at every step: silently wrong rope after the wake (fix proposed in
+# vllm-ascend#17217). :func:`save_plain_and_globals` (the NPU record's wrapper of ``sleep``) also keeps
+# every storage a global of a ``vllm_ascend`` module references, under the same rules: in the weights
+# pool, no parameter's or buffer's storage (``_cos_sin_cache`` is the rope's buffer: vllm-ascend restores
+# it), each storage once; :func:`restore_plain` writes them back with the rest.
+
+GLOBAL_PACKAGES = ("vllm_ascend",)
+"""Packages whose modules' globals :func:`global_tensors` walks (every submodule in ``sys.modules``)."""
+
+
+def global_tensors(packages=GLOBAL_PACKAGES):
+    """``(module name, name, tensor)`` for each tensor a global of an imported module of ``packages`` holds."""
+    import sys
+
+    import torch
+
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not any(mod_name == p or mod_name.startswith(p + ".") for p in packages):
+            continue
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            if isinstance(value, torch.Tensor):
+                yield mod_name, name, value
+
+
+def _globals_to_keep(worker, seen: set) -> list:
+    """``[(ptr, storage)]`` of the module-global tensors a level-2 sleep would lose (none in ``seen``)."""
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    if model is None:
+        return []
+    inside = _in_weights_pool()
+    registered = _registered_storages(model)
+    keep = []
+    for _, _, tensor in global_tensors():
+        ptr = _storage_ptr(tensor)
+        if ptr is None or ptr in registered or ptr in seen or not inside(ptr):
+            continue
+        seen.add(ptr)
+        keep.append((ptr, tensor.untyped_storage()))
+    return keep
+
+
+def _plain_and_globals_to_keep(worker) -> list:
+    keep = _plain_to_keep(worker)
+    return keep + _globals_to_keep(worker, {ptr for ptr, _ in keep})
+
+
+def save_plain_and_globals(wrapped, instance, args, kwargs):
+    """:func:`save_plain`, and the storages of ``vllm_ascend`` module globals in the weights pool."""
+    return save_plain(wrapped, instance, args, kwargs, _select=_plain_and_globals_to_keep)
 
 
 def restore_plain(wrapped, instance, args, kwargs):

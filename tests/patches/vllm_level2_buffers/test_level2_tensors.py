@@ -210,3 +210,68 @@ def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):
     assert kept() == sorted([ptr["own"], ptr["W_UV"]])
     setattr(model, reload.REPROCESSED, True)
     assert kept() == [ptr["own"]]
+
+
+ROPE = Path(__file__).parent / "children" / "ascend_rope.py"  # a stand_in body
+
+
+def test_npu_ascend_rope_caches_survive_level2(model_dir):
+    """vllm-ascend 0.23.0 keeps the MLA rope caches as module globals (``vllm_ascend/ops/rotary_embedding.py``
+    ``_cos_cache`` / ``_sin_cache``, two halves of one tensor made in the weights pool by
+    ``AscendRotaryEmbedding.__init__``); its level-2 sleep saves the buffers only, and the MLA path reads the
+    caches at every step. The push writes the weights the engine already had: the output must not change."""
+    off, proc_off = run(model_dir, ROPE, shim=False, device="npu", ascend="0.23.0")
+    assert off is not None, proc_off.stderr[-2000:]
+    assert off["recorded"] is True and off["one_storage"] is True
+    assert off["back"] == {"_cos_cache": False, "_sin_cache": False, "_cos_sin_cache": True}  # the bug
+    assert off["same_output"] is False
+    on, proc = run(model_dir, ROPE, shim=True, device="npu", ascend="0.23.0")
+    assert on is not None, proc.stderr[-2000:]
+    assert on["back"] == {"_cos_cache": True, "_sin_cache": True, "_cos_sin_cache": True}, proc.stderr[-2000:]
+    assert on["same_output"] is True
+    # one storage: [512 positions, 2, rope_dim 4] float32; the MLA matrices are views of kv_b_proj (not kept)
+    assert on["kept_lines"] and "plain tensors kept: 1 storage(s), 16384 bytes" in on["kept_lines"][0]
+    disabled, _ = run(model_dir, ROPE, shim=True, device="npu", ascend="0.23.0",
+                      SHIM_DISABLED_PATCHES="vllm-ascend-level2-tensors")
+    assert disabled["back"]["_cos_cache"] is False and disabled["same_output"] is False
+
+
+def test_npu_ascend_rope_caches_absent_before_0130(model_dir):
+    """vllm-ascend 0.13.0rc1 records no ``_cos_cache`` / ``_sin_cache``: nothing to keep, nothing lost."""
+    on, proc = run(model_dir, ROPE, shim=True, device="npu", ascend="0.13.0rc1")
+    assert on is not None, proc.stderr[-2000:]
+    assert on["recorded"] is False and on["same_output"] is True and on["kept_lines"] == []
+
+
+def test_selection_of_module_globals(monkeypatch):
+    """``shim.vllm.buffers._globals_to_keep``: a ``vllm_ascend`` module global whose storage lies in the
+    weights pool is kept once (two halves of one tensor: one copy); one outside the pool, one sharing a
+    buffer's storage (vllm-ascend restores buffers itself), a global of another package and a storage
+    the attribute walk already keeps are not."""
+    import types
+
+    import torch
+
+    from shim.vllm import buffers, sleep_pool
+
+    model = torch.nn.Module()
+    model.rope = torch.nn.Module()
+    model.rope.register_buffer("cos_sin_cache", torch.randn(8, 4))
+    both = torch.randn(8, 2, 4)
+    mod = types.ModuleType("vllm_ascend.ops.fake_rope")
+    mod._cos_cache, mod._sin_cache = both[:, 0], both[:, 1]
+    mod._cos_sin_cache = model.rope.cos_sin_cache
+    mod._outside = torch.randn(4)
+    mod._already = torch.randn(4)
+    other = types.ModuleType("not_ascend.rope")
+    other._cache = torch.randn(4)
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(sys.modules, other.__name__, other)
+    pooled = [both, model.rope.cos_sin_cache, mod._already, other._cache]
+    monkeypatch.setattr(sleep_pool, "spans", lambda tag: [(t.untyped_storage().data_ptr(),
+                                                          t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                                                         for t in pooled])
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
+    already = mod._already.untyped_storage().data_ptr()
+    kept = [ptr for ptr, _ in buffers._globals_to_keep(worker, {already})]
+    assert kept == [both.untyped_storage().data_ptr()]

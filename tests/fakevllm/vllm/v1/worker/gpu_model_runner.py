@@ -17,8 +17,10 @@ As vLLM's model loader (``BaseModelLoader.load_model``), ``load_model`` gives ev
 ``reload_weights`` follows the version: up to 0.15 a disk reload without post-processing
 (``model_loader.load_weights`` only, 0.15.1); from 0.16 ``reload_weights(weights_iterator=None,
 weights_path=None, is_checkpoint_format=True)`` through the layerwise reload
-(``model_loader/reload``). With ``speculative_config`` (eagle / eagle3 / mtp) the runner has a ``drafter``
-(``vllm/v1/spec_decode/eagle.py``) loaded after the target, in the same weights tag.
+(``model_loader/reload``). NPU mode, MLA model: vllm-ascend's module-global rope caches are recorded while
+the model is built (``vllm_ascend/ops/rotary_embedding.py``). With ``speculative_config`` (eagle / eagle3 /
+mtp) the runner has a ``drafter`` (``vllm/v1/spec_decode/eagle.py``) loaded after the target, in the same
+weights tag.
 """
 from __future__ import annotations
 
@@ -173,6 +175,9 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self._set_quant_methods(hf)
         from vllm.model_executor.layers.attention import mla_attention
         self.mla_layers = mla_attention.attach(hf)
+        if self.mla_layers and _fake.DEVICE_TYPE == "npu":  # vllm-ascend's rope caches (module globals, MLA path)
+            from vllm_ascend.ops import rotary_embedding
+            rotary_embedding.attach(hf)
         if self.vllm_config.lora_config is not None:  # load_model: self.load_lora_model(...) under the weights tag
             hf = self.load_lora_model(hf, self.model_config, None, self.vllm_config.lora_config, self.device)
         self.model = hf
