@@ -10,12 +10,15 @@ import os
 import sys
 
 USAGE = {
-    "status": """usage: python -m shim status [--json] [--import]
+    "status": """usage: python -m shim status [--all] [--json] [--import]
 
-One row per patch: id, upstream issue, distribution, installed version, affected
-range and the decision in this environment (applied, stand down: <why>,
-waiting: <module> not imported, disabled, failed: <why>).
-  --json     the rows as JSON (id, distribution, installed, affected, decision, reason)
+One row per patch of the distributions installed here (importlib.metadata): id,
+distribution and version, affected range and the decision in this environment
+(applied, stand down: <why>, waiting: <module> not imported, disabled, failed: <why>),
+within 100 columns; one line counts the patches of the distributions not installed.
+  --all      every patch, whatever is installed
+  --json     every patch as JSON (id, kind, distribution, installed, affected, decision,
+             reason, acted)
   --import   import each hooked upstream module first, so every row is decided""",
     "doctor": """usage: python -m shim doctor
 
@@ -90,4 +93,49 @@ def table(rows: list, columns: list) -> str:
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip()]
     for r in rows:
         lines.append("  ".join(str(r.get(c) or "-").ljust(w) for c, w in zip(columns, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def wrap_cell(text: str, width: int) -> list:
+    """``text`` in lines of at most ``width``: broken at spaces, then after commas (a version range
+    ``>=0.13.0rc1,<0.26.0rc1``), a word longer than the line cut where it must."""
+    lines, line = [], ""
+    for word in str(text).split():
+        for i, piece in enumerate(p for p in word.replace(",", ",\0").split("\0") if p):
+            sep = "" if i else " "
+            if line and len(line) + len(sep) + len(piece) <= width:
+                line += sep + piece
+                continue
+            if line:
+                lines.append(line)
+            while len(piece) > width:
+                lines.append(piece[:width])
+                piece = piece[width:]
+            line = piece
+    if line:
+        lines.append(line)
+    return lines or [""]
+
+
+def fitted_table(rows: list, columns: list, width: int = 100) -> str:
+    """A table no wider than ``width``: ``columns`` are ``(key, header, narrowest)``; a column wider
+    than its content needs shrinks to ``narrowest`` (None: never, e.g. an id a user copies) so the
+    last one keeps at least 30 characters, and every cell wraps inside its column."""
+    cells = [[str(r.get(key) or "-") for key, _, _ in columns] for r in rows]
+    heads = [head for _, head, _ in columns]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
+    room = width - 2 * (len(columns) - 1)
+    excess = sum(widths[:-1]) + min(widths[-1], 30) - room
+    for i, (_, _, narrowest) in enumerate(columns[:-1]):
+        if excess > 0 and narrowest is not None and widths[i] > narrowest:
+            cut = min(excess, widths[i] - narrowest)
+            widths[i] -= cut
+            excess -= cut
+    widths[-1] = max(1, min(widths[-1], room - sum(widths[:-1])))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip()]
+    for row in cells:
+        wrapped = [wrap_cell(c, w) for c, w in zip(row, widths)]
+        for n in range(max(map(len, wrapped))):
+            lines.append("  ".join((col[n] if n < len(col) else "").ljust(w)
+                                   for col, w in zip(wrapped, widths)).rstrip())
     return "\n".join(lines)

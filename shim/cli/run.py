@@ -25,6 +25,21 @@ def fail(message: str, code: int = 2) -> int:
     return code
 
 
+def _subcommand_like(word: str, path: "str | None") -> "str | None":
+    """The subcommand ``word`` is a typo of (``difflib`` ratio >= 0.75: ``stauts``, ``docter``, ``instal``),
+    or None. A program on PATH or an existing file is never a typo: whatever it is named, it runs."""
+    from shim.__main__ import SUBCOMMANDS
+
+    if os.sep in word or (os.altsep and os.altsep in word) or os.path.exists(word):
+        return None
+    if shutil.which(word, path=path) is not None:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def run(argv: list, usage: str) -> int:
     """Exec COMMAND with the bootstrap directory first on PYTHONPATH."""
     env = dict(os.environ)
@@ -48,12 +63,17 @@ def run(argv: list, usage: str) -> int:
     if not command:
         print(usage, file=sys.stderr)
         return 2
+    if i == 0:  # ``python -m shim stauts``: a mistyped subcommand, not a program to look for
+        suggestion = _subcommand_like(command[0], env.get("PATH"))
+        if suggestion:
+            return fail(f"unknown command {command[0]!r}; did you mean {suggestion!r}?")
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
     try:  # every switch of config.ALL, with the child's environment, before anything starts
         errors = config.problems()
         _, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
+        reported = config.unknown_patches_reported()  # a launcher started by a launcher: warned already
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -61,9 +81,10 @@ def run(argv: list, usage: str) -> int:
         for exc in errors[:-1]:
             fail(str(exc))
         return fail(str(errors[-1]))
+    if unknown and not reported:  # said once here; COMMAND and its children see the marker and stay silent
+        print(f"shim: warning: {config.unknown_patches_warning(unknown, catalog.ids())}", file=sys.stderr)
     if unknown:
-        print(f"shim: warning: {config.SHIM_DISABLED_PATCHES}: unknown patch id(s) {', '.join(unknown)} ignored; "
-              f"valid ids: {', '.join(catalog.ids())}", file=sys.stderr)
+        env[config.DISABLED_PATCHES_REPORTED] = env.get(config.SHIM_DISABLED_PATCHES, "")
     option = "--trace" if "--trace" in argv[:i] else config.SHIM_TRACE  # the path's origin, in the message
     trace, error = check_trace_path(env.get(config.SHIM_TRACE, ""), option)
     if error:

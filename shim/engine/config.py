@@ -17,9 +17,14 @@ SHIM_DISABLED = "SHIM_DISABLED"
 ``python -m shim``, the ``.pth`` file): nothing is hooked or wrapped."""
 
 SHIM_DISABLED_PATCHES = "SHIM_DISABLED_PATCHES"
-"""Comma-separated patch ids (see ``python -m shim status``) to leave off, or
-``*`` for all of them. An unknown id is one WARNING naming it and the valid ids;
-the other patches stay on."""
+"""Comma-separated patch ids (see ``python -m shim status --all``) to leave off, or
+``*`` for all of them. An unknown id is one short WARNING naming it and the closest
+known ids; the other patches stay on."""
+
+DISABLED_PATCHES_REPORTED = "_SHIM_DISABLED_PATCHES_REPORTED"
+"""Not a switch: the launcher, having warned about the unknown ids of SHIM_DISABLED_PATCHES before
+COMMAND starts, puts that value here, so COMMAND and its children (torchrun ranks, workers) do not
+print the same WARNING again. A child whose SHIM_DISABLED_PATCHES differs still warns."""
 
 SHIM_STRICT = "SHIM_STRICT"
 """Boolean. True makes a patch that fails to apply, an ineffective sleep that
@@ -287,3 +292,28 @@ def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
     unknown = [x for x in items if x not in known and x not in removed]
     return frozenset(x for x in items if x in known), unknown
 
+
+def unknown_patches_warning(unknown: list, known) -> str:
+    """The one WARNING line for the ``unknown`` ids of SHIM_DISABLED_PATCHES: at most three of them, and
+    at most three known ids that resemble them (``difflib``), never the whole list of ids (68 of them,
+    1,800 characters: the warning a user mistyping one id must be able to read)."""
+    import difflib  # only on this path: ``import shim.auto`` keeps its start-up module list
+
+    known = list(known)
+    close = []  # the best match of each unknown id first, then the second best...
+    matches = [difflib.get_close_matches(name, known, n=3, cutoff=0.6) for name in unknown[:3]]
+    for rank in range(3):
+        for found in matches:
+            if rank < len(found) and found[rank] not in close:
+                close.append(found[rank])
+    shown = ", ".join(repr(x if len(x) <= 40 else x[:39] + "~") for x in unknown[:3])
+    more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+    hint = f"did you mean {', '.join(close[:3])}?" if close else "no known id resembles it"
+    return (f"{SHIM_DISABLED_PATCHES}: unknown patch id{'s' if len(unknown) > 1 else ''} {shown}{more} ignored; "
+            f"{hint} (every id: python -m shim status --all)")
+
+
+def unknown_patches_reported() -> bool:
+    """Whether the launcher already warned about this process's SHIM_DISABLED_PATCHES value."""
+    value = os.environ.get(DISABLED_PATCHES_REPORTED)
+    return value is not None and value == os.environ.get(SHIM_DISABLED_PATCHES, "")

@@ -102,9 +102,8 @@ def activate(items: list, known_removed: "dict | None" = None) -> bool:
             else:
                 _registry.decisions[entry.id] = Decision(WAITING, f"{entry.module} not imported")
                 pending.append((entry, WAITING))
-    if unknown:
-        log.warning(f"{config.SHIM_DISABLED_PATCHES}: unknown patch id(s) {', '.join(unknown)} ignored; "
-                    f"valid ids: {', '.join(ids)}")
+    if unknown:  # the launcher warned already before COMMAND started: once per run, not once per process
+        (log.debug if config.unknown_patches_reported() else log.warning)(config.unknown_patches_warning(unknown, ids))
     try:
         for entry, state in pending:  # outside the lock: a hook may fire at once (module already imported)
             if state == DISABLED:

@@ -131,7 +131,37 @@ def test_run_unknown_disabled_id_warns_and_runs():
     code = "import shim; from shim.engine import registry; print(shim.is_active(), registry.decisions()['trl-stale-weights'].decision)"
     proc = shim_run(["--disable", "nope", sys.executable, "-c", code])
     assert proc.returncode == 0 and proc.stdout.strip() == "True waiting", proc.stderr
-    assert "nope" in proc.stderr and "trl-stale-weights" in proc.stderr  # names it and the valid ids
+    assert proc.stderr.count("nope") == 1 and "no known id resembles it" in proc.stderr, proc.stderr
+
+
+def test_unknown_disabled_id_is_one_short_warning_naming_the_close_ids():
+    """Issue 29 item 4: a mistyped id was 1,799 characters listing every id, printed by the launcher AND
+    again by COMMAND. Now one line under 200 characters naming the id meant, once per run: COMMAND and
+    its children stay silent about what the launcher said (a child's own activation still warns)."""
+    env = clean_env(SHIM_DISABLED_PATCHES="trl-stale-weight")
+    proc = shim_run([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'])"],
+                    env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "SHIM_DISABLED_PATCHES" in line]
+    assert len(lines) == 1, proc.stderr  # launcher, child and grandchild: one WARNING
+    assert len(lines[0]) < 200 and "'trl-stale-weight'" in lines[0] and "trl-stale-weights" in lines[0], lines
+    assert "vllm-level2-tensors" not in lines[0]  # not every id
+    direct = run_python("import shim.auto", env=clean_env(SHIM_DISABLED_PATCHES="trl-stale-weight"))
+    assert direct.stderr.count("WARNING") == 1 and "trl-stale-weights" in direct.stderr, direct.stderr
+
+
+def test_mistyped_subcommand_is_a_suggestion_not_command_not_found(tmp_path):
+    proc = shim_run(["stauts"])
+    assert proc.returncode == 2 and proc.stderr.strip() == "shim: unknown command 'stauts'; did you mean 'status'?", proc.stderr
+    assert shim_run(["docter", "-v"]).stderr.strip() == "shim: unknown command 'docter'; did you mean 'doctor'?"
+    assert shim_run(["no-such-command-xyz"]).returncode == 127  # nothing like a subcommand: not found, as before
+    program = tmp_path / "statu"  # a real program named like a subcommand still runs
+    program.write_text("#!/bin/sh\necho ran statu\n")
+    program.chmod(0o755)
+    env = clean_env(PATH=f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    ran = shim_run(["statu"], env=env)
+    assert ran.returncode == 0 and ran.stdout.strip() == "ran statu", ran.stderr
+    assert shim_run(["--", "stauts"]).returncode == 127  # after --: a command, never a subcommand
 
 
 def test_python_OO_launcher_and_auto(tmp_path):
@@ -141,7 +171,7 @@ def test_python_OO_launcher_and_auto(tmp_path):
     proc = subprocess.run([sys.executable, "-OO", "-m", "shim", sys.executable, "-OO", "-c", "import shim; print(shim.is_active())"],
                           env=env, capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
-    status = subprocess.run([sys.executable, "-OO", "-m", "shim", "status"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    status = subprocess.run([sys.executable, "-OO", "-m", "shim", "status", "--all"], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert status.returncode == 0 and "trl-stale-weights" in status.stdout, status.stderr
 
 

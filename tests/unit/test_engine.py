@@ -110,7 +110,11 @@ def test_unknown_disabled_id_warns_once_and_the_rest_keeps_working():
     assert out["out"] == "patched:original:x"  # toy-ok applied, toy-second disabled
     assert out["decisions"] == {"toy-ok": "applied", "toy-second": "disabled: listed in SHIM_DISABLED_PATCHES"}
     warnings = [l for l in err.splitlines() if "WARNING" in l]
-    assert len(warnings) == 1 and "no-such-patch" in warnings[0] and "toy-ok, toy-second" in warnings[0]
+    assert len(warnings) == 1 and "'no-such-patch'" in warnings[0] and "no known id resembles it" in warnings[0]
+    out, err = run("import toy_patches; from shim.engine import registry; from shim.engine import log; log.setup()\n"
+                   "registry.activate([toy_patches.OK, toy_patches.SECOND])", SHIM_DISABLED_PATCHES="toy-secnd")
+    warnings = [l for l in err.splitlines() if "WARNING" in l]
+    assert len(warnings) == 1 and "did you mean toy-second?" in warnings[0], err
 
 
 def test_removed_id_in_disable_list_is_silent():

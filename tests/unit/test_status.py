@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+from tests.support import stand_in
 from tests.support.envs import trl_path
 from tests.support.helpers import REPO, clean_env
 from tests.support.trl_support import fake_site
@@ -26,3 +27,31 @@ def test_verification_requested_with_its_engine_half_off_is_not_running():
     on = status_rows(SHIM_VERIFY_WEIGHTS="1")
     assert on["verify-weights-trl"]["decision"] == "applied", on["verify-weights-trl"]  # both halves on: running
     assert on["verify-weights-trl"]["kind"] == "feature" and on["trl-vlm-encoder-cache"]["kind"] == "fix"
+
+
+def shim_status(*args, path=()):
+    proc = subprocess.run([sys.executable, "-m", "shim", "status", *args], capture_output=True, text=True,
+                          cwd=str(REPO), timeout=600, env=clean_env(PYTHONPATH=os.pathsep.join([*path, str(REPO)])))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_default_view_is_what_is_installed_here_within_100_columns():
+    """Issue 29 item 4: ``status`` was 68 rows, 207 characters wide, whatever was installed. On the vLLM
+    stand-in without TRL: the vLLM rows, no TRL row, one line counting the rest; ``--all``: every row;
+    both within 100 columns; ``--json`` still every row for machines."""
+    site = stand_in.site()
+    rows = json.loads(shim_status("--json", path=[site]))
+    assert {r["id"] for r in rows} >= {"vllm-sleep-guard", "trl-stale-weights", "swift-level2-resync"}
+    absent = [r for r in rows if r["installed"] is None]
+    assert absent and not any(r["distribution"] == "vllm" for r in absent)
+    out = shim_status(path=[site]).splitlines()
+    assert max(map(len, out)) <= 100, out
+    ids = {line.split()[0] for line in out[1:-1] if line[:1].strip()}
+    assert ids == {r["id"] for r in rows if r["installed"]} and "vllm-sleep-guard" in ids, out
+    assert out[-1].startswith(f"{len(absent)} more for distributions not installed here (trl, ms-swift, ")
+    assert out[-1].endswith("): python -m shim status --all"), out[-1]
+    assert "vllm" not in out[-1].split("(")[1].split(")")[0].split(", "), out[-1]  # installed: not counted
+    full = shim_status("--all", path=[site]).splitlines()
+    assert max(map(len, full)) <= 100, full
+    assert {line.split()[0] for line in full[1:] if line[:1].strip()} == {r["id"] for r in rows}
