@@ -16,6 +16,10 @@
 # tokenizers 0.22.2 + the rest, built by tests/gpu/verl_wheels.sh.) Summary here:
 #   python3 tests/gpu/verl_grpo_summary.py DIR   (DIR: the verl091_* files of both runs)
 # CPU check of the config keys only: `bash tests/gpu/verl_grpo.sh --compose /tmp/x` (hydra compose, no run).
+# Phases drop / dropstrict (issue 30 item 1): as shim (SHIM_VERIFY_WEIGHTS=1), with every weight update inside the
+# vLLM worker silently skipping the tensors whose name contains $DROP (default layers.1.mlp.down_proj): the shim
+# must report stale weights at every update; dropstrict adds SHIM_STRICT=1 (the run stops at the first update).
+# The drop is a sitecustomize in $W/drop (chained by the shim's bootstrap) wrapping Qwen2ForCausalLM.load_weights.
 # Knobs: STEPS (4), N (4 samples per prompt), BATCH (8 prompts), W (/tmp/verlrun), VK (/tmp/vk), VT (/tmp/vt),
 # DET=1: actor_rollout_ref.actor.fsdp_config.full_determinism=true (the FSDP engine's enable_full_determinism:
 # torch deterministic algorithms, cuBLAS workspace; the rollout side stays as is: per-request seeds of
@@ -136,12 +140,18 @@ print(f"imports {time.time()-t:.1f}s")
 PY
   (cd "$REPO" && python3 tests/gpu/verl_grpo_data.py "$W") 2>&1 | tail -5 | tee -a "$OUT/verl_grpo.log"
   ;;
-plain|shim)
+plain|shim|drop|dropstrict)
   env_setup
   name=$ph$TAG; run=$W/$name; mkdir -p "$run"; rm -rf "$run"/*
   mapfile -t OV < <(overrides "$name")
   export VERL_FILE_LOGGER_PATH=$OUT/verl091_${name}_metrics.jsonl
-  if [ "$ph" = shim ]; then
+  unset SHIM_STRICT SHIM_TEST_DROP
+  if [ "$ph" = drop ] || [ "$ph" = dropstrict ]; then
+    mkdir -p "$W/drop" && cp "$REPO/tests/gpu/verl_drop_sitecustomize.py" "$W/drop/sitecustomize.py"
+    export PYTHONPATH=$W/drop:$PYTHONPATH SHIM_TEST_DROP=${DROP:-layers.1.mlp.down_proj}
+    [ "$ph" = dropstrict ] && export SHIM_STRICT=1
+  fi
+  if [ "$ph" != plain ]; then
     export SHIM_TRACE=$OUT/verl091_${name}_trace.jsonl SHIM_VERIFY_WEIGHTS=1
     launch=(python3 -m shim env -C "$run" python3 -m verl.trainer.main_ppo)
   else
@@ -163,7 +173,10 @@ plain|shim)
   [ -d /tmp/ray/session_latest/logs ] && (cd /tmp/ray/session_latest && find logs -type f \( -name '*.err' -o -name '*.out' -o -name '*.log' \) -size -3M -print0 | tar -czf "$OUT/verl091_${name}_raylogs.tgz" --null -T -) 2>/dev/null
   mv /tmp/ray/session_latest "/tmp/ray/done_$name" 2>/dev/null; rm -f /tmp/ray/ray_current_cluster
   [ -d "$run/rollouts" ] && tar -czf "$OUT/verl091_${name}_rollouts.tgz" -C "$run" rollouts
-  if [ "$ph" = shim ] && [ -f "$SHIM_TRACE" ]; then
+  grep -a -c "stale weights" "$run/stdout.log" | sed "s/^/  'stale weights' lines in $name: /" | tee -a "$OUT/verl_grpo.log"
+  grep -a -c "StaleWeights" "$run/stdout.log" | sed "s/^/  'StaleWeights' lines in $name: /" | tee -a "$OUT/verl_grpo.log"
+  grep -a -c "returned no digests" "$run/stdout.log" | sed "s/^/  'returned no digests' lines in $name: /" | tee -a "$OUT/verl_grpo.log"
+  if [ "$ph" != plain ] && [ -f "$SHIM_TRACE" ]; then
     (cd "$REPO" && python3 -m shim report "$SHIM_TRACE") > "$OUT/verl091_${name}_report.txt" 2>&1
   fi
   ;;
