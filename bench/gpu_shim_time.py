@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     for mod, attr in STEPS:
         m = importlib.import_module(f"shim.{LAYER.get(mod, 'vllm')}.{mod}")
         setattr(m, attr, timed(table, f"{mod}.{attr}", getattr(m, attr)))
-    reason = common.Gate(a.after).wait(common.deadline(), 60.0)
+    reason = common.Gate(a.after, label="shimtime").wait(common.deadline(), 60.0)
     if reason:
         print(reason)
         if a.done:

@@ -101,7 +101,7 @@ def one(a) -> int:
     import torch
     from vllm import LLM, SamplingParams
 
-    reason = common.Gate(a.after).wait(common.deadline(), NEED_S.get(a.one, 75.0))
+    reason = common.Gate(a.after, label=f"sleep {a.one}").wait(common.deadline(), NEED_S.get(a.one, 75.0))
     if reason:
         common.write_json(a.out, {"name": a.one, "skipped": reason})
         print(f"[{a.one}] {reason}")
@@ -274,12 +274,13 @@ def orchestrate(a) -> int:
     model = common.ensure_model(a.model, a.workdir, a.size)
     names = a.only or list(CONFIGS)
     procs, previous = [], list(a.after)
-    for name in names:
+
+    def start(name, previous, suffix=""):
         shim_on, env, _live, _eager = CONFIGS[name]
-        out = os.path.join(a.workdir, f"{name}.json")
-        log = os.path.join(a.workdir, f"{name}.log")
-        trace = os.path.join(a.workdir, f"{name}.trace.jsonl") if shim_on == "on" else ""
-        marker = os.path.join(a.workdir, f"{name}.done")
+        out = os.path.join(a.workdir, f"{name}{suffix}.json")
+        log = os.path.join(a.workdir, f"{name}{suffix}.log")
+        trace = os.path.join(a.workdir, f"{name}{suffix}.trace.jsonl") if shim_on == "on" else ""
+        marker = os.path.join(a.workdir, f"{name}{suffix}.done")
         for stale in (out, marker, trace):
             if stale and os.path.exists(stale):
                 os.unlink(stale)
@@ -291,18 +292,33 @@ def orchestrate(a) -> int:
             args += ["--after", *previous]
         child_env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
                      "TOKENIZERS_PARALLELISM": "false"}
-        procs.append((name, common.launch(os.path.abspath(__file__), args, log, env=child_env,
-                                          pythonpath=a.pythonpath), out, log, marker))
-        previous = [marker]
-    results = {}
-    end = time.time() + a.timeout
-    for name, proc, out, log, marker in procs:
+        return (name, common.launch(os.path.abspath(__file__), args, log, env=child_env,
+                                    pythonpath=a.pythonpath), out, log, marker)
+
+    def collect(name, proc, out, log, marker):
         rc = common.finish(proc, marker, timeout=max(end - time.time(), 1))
         r = common.read_json(out) or {"name": name}
         r["rc"], r["log"] = rc, log
         if rc != 0 or ("sleeps" not in r and "skipped" not in r):
             r["error"] = f"exit {rc}: " + common.tail(log, 12)
-        results[name] = r
+        return r
+
+    for name in names:
+        procs.append(start(name, previous))
+        previous = [procs[-1][4]]
+    results = {}
+    end = time.time() + a.timeout
+    for item in procs:
+        results[item[0]] = collect(*item)
+    for name, _proc, _out, log, _marker in procs:
+        if results[name].get("error") and common.sleep_overlap_crash(log):
+            # another process allocated during one of its sleeps: once more, alone, after everything else
+            reason = f"vLLM's sleep check failed ({common.SLEEP_OVERLAP}); run once more, alone"
+            print(f"[{name}] {reason}", flush=True)
+            first = results[name]
+            results[name] = collect(*start(name, [p[4] for p in procs], suffix=".retry"))
+            results[name]["retried"] = reason
+            results[name]["first_attempt"] = {k: first.get(k) for k in ("rc", "error", "log")}
     if a.done:
         open(a.done, "w").close()
     timing, memory, checks = tables(results)

@@ -211,25 +211,46 @@ def load_checkpoint(path, device="cuda") -> dict:
 # ordering processes on one GPU
 # ---------------------------------------------------------------------------
 class Gate:
-    """Each process waits for the marker files in ``after`` before it touches the GPU.
+    """Each process waits for the marker files in ``after`` before it touches the GPU, then takes the
+    device lock (tests/gpu/devlock.py, where ``$SHIM_GPU_LOCK`` names one) for the rest of its life.
 
     Imports (tens of seconds for vLLM + TRL) overlap; device work runs in the
     order the markers give. The launcher writes a process's own marker when the
-    process has exited (its memory and CUDA context are gone by then)."""
+    process has exited (its memory and CUDA context are gone by then). The lock
+    holds even where the markers leave a hole (issue 30: a phase left out of
+    run_all.sh's chain let the next phase start beside the first): no process's
+    device work overlaps another's sleep. ``shared``: processes meant to run
+    together (a barrier after CUDA init) share it, still excluding everyone else."""
 
-    def __init__(self, after=(), poll: float = 0.2):
+    def __init__(self, after=(), poll: float = 0.2, label: str = "", shared: bool = False):
         self.after = [pathlib.Path(a) for a in after if a]
         self.poll = poll
+        self.label = label or f"{pathlib.Path(sys.argv[0]).name} {os.getpid()}"
+        self.shared = shared
 
     def wait(self, deadline: "float | None" = None, need_s: float = 0.0) -> "str | None":
-        """None when it is this process's turn; a reason when it must not run (deadline)."""
+        """None when it is this process's turn (the lock taken); a reason when it must not run (deadline)."""
         while not all(a.exists() for a in self.after):
             if deadline and time.time() + need_s > deadline:
                 return f"skipped: deadline (waiting for {[str(a.name) for a in self.after if not a.exists()]})"
             time.sleep(self.poll)
         if deadline and time.time() + need_s > deadline:
             return f"skipped: deadline ({need_s:.0f} s needed, {deadline - time.time():.0f} s left)"
-        return None
+        from tests.gpu import devlock
+
+        return devlock.acquire(self.label, shared=self.shared, deadline=deadline, need_s=need_s, poll=self.poll)
+
+
+SLEEP_OVERLAP = "Memory usage increased after sleeping"  # vLLM worker's assert on the device-wide mem_get_info
+
+
+def sleep_overlap_crash(log_path) -> bool:
+    """Did the run whose log this is die on vLLM's sleep assert (another process allocated on the device
+    during its sleep)?"""
+    try:
+        return SLEEP_OVERLAP in pathlib.Path(log_path).read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def barrier(folder, name: str, count: int, timeout: float = 180.0) -> bool:

@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     from transformers import TrainerCallback
     from vllm.entrypoints.llm import LLM
 
-    reason = common.Gate(args.after).wait(common.deadline(), args.need_s)
+    reason = common.Gate(args.after, label=args.label, shared=bool(args.barrier)).wait(common.deadline(), args.need_s)
     if reason:
         common.write_json(args.out, {"label": args.label, "skipped": reason})
         print(f"[grpo_run {args.label}] {reason}", flush=True)

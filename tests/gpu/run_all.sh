@@ -9,7 +9,8 @@
 # On a machine with vLLM and TRL installed normally, set VK=none and TRL_1_9_2 / TRL_1_10_0 to folders
 # holding those releases (pip install --no-deps --target DIR trl==VERSION).
 #
-# Order on the GPU (imports of all processes overlap; device work is ordered by marker files):
+# Order on the GPU (imports of all processes overlap; device work is ordered by marker files, each phase
+# after every earlier one, and one device lock, tests/gpu/devlock.py, held by each GPU process to its exit):
 #   1. bench/gpu_trl_5312.py    5 GRPO runs one by one, tiny model (#5312 with/without shim, TRL 1.10.0)
 #   2. bench/gpu_step_cost.py   3 GRPO runs one by one, wide model (s/step, sleep/wake as TRL drives it)
 #   3. bench/gpu_sleep_memory.py 6 engines one by one, wide model (freed vs pool, routes, graphs, timing)
@@ -83,52 +84,79 @@ for name, size in (("tiny", "tiny"), ("wide", wide)):
 EOF
 
 # ---- 3. the benchmarks, chained (PHASES picks some: trl5312 cost sleep) ------------------------
+# Each phase waits for the markers of EVERY phase before it (AFTER grows), not only the one just before:
+# a phase left out touches its marker at once, so waiting for that one alone let the next phase start
+# beside the earlier ones (issue 30: PHASES="trl5312 sleep" ran the sleep phase's engines during the
+# trl5312 runs; vLLM's "Memory usage increased after sleeping" killed "1.9.2 sleep on"). On top of the
+# markers every GPU process holds one device lock (tests/gpu/devlock.py, $SHIM_GPU_LOCK) from before
+# its first device work to its exit; its events file gives the device order printed at the end.
 PHASES=" ${PHASES:-trl5312 cost sleep} "
 rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done "$W"/T.done "$W"/L.done
-el "launching:${PHASES}(in that order on the GPU)"
-PIDS=()
+rm -f "$W"/bench_*.txt  # (printed at the end: none left from an earlier call's phases)
+export SHIM_GPU_LOCK="$W/device.lock"
+rm -f "$SHIM_GPU_LOCK.events"
+el "launching:${PHASES}(in that order on the GPU; device lock $SHIM_GPU_LOCK)"
+PIDS=() AFTER=()
+# launch NAME TXT TOUCH CMD...: CMD in the background as phase NAME (SHIM_GPU_PHASE, in its device-lock
+# events), output to $W/TXT; TOUCH (or -) is a marker written once CMD has exited; a log line at the end
+launch() {
+  local name=$1 txt=$2 touch_=$3; shift 3
+  ( SHIM_GPU_PHASE=$name "$@" > "$W/$txt" 2>&1; rc=$?; [ "$touch_" = - ] || touch "$W/$touch_"
+    el "phase $name ended (exit $rc)" ) &
+  PIDS+=($!); el "phase $name launched; its device work waits for: ${AFTER[*]:-nothing}"
+}
+skip() { touch "$W/$2"; el "phase $1 not in PHASES: $2 written"; AFTER+=("$W/$2"); }
 if [[ $PHASES == *" trl5312 "* ]]; then
-  python3 bench/gpu_trl_5312.py "${TRLARGS[@]}" --model "$W/tiny" --workdir "$W/trl5312" --steps "$STEPS_5312" \
-    --out "$OUT/gpu_trl_5312.json" --done "$W/A.done" > "$W/bench_trl5312.txt" 2>&1 &
-  PIDS+=($!)
-else touch "$W/A.done"; fi
+  launch trl5312 bench_trl5312.txt - python3 bench/gpu_trl_5312.py "${TRLARGS[@]}" --model "$W/tiny" \
+    --workdir "$W/trl5312" --steps "$STEPS_5312" --out "$OUT/gpu_trl_5312.json" --done "$W/A.done"
+  AFTER+=("$W/A.done")
+else skip trl5312 A.done; fi
 if [[ $PHASES == *" cost "* ]]; then
   # shellcheck disable=SC2086
-  python3 bench/gpu_step_cost.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/cost" --after "$W/A.done" \
-    --steps "$STEPS_COST" ${COST_ARGS:-} --out "$OUT/gpu_step_cost.json" --plot "$OUT/sleep_trace.png" \
-    --done "$W/B.done" > "$W/bench_cost.txt" 2>&1 &
-  PIDS+=($!)
-else touch "$W/B.done"; fi
+  launch cost bench_cost.txt - python3 bench/gpu_step_cost.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/cost" \
+    --after "${AFTER[@]}" --steps "$STEPS_COST" ${COST_ARGS:-} --out "$OUT/gpu_step_cost.json" \
+    --plot "$OUT/sleep_trace.png" --done "$W/B.done"
+  AFTER+=("$W/B.done")
+else skip cost B.done; fi
 if [[ $PHASES == *" sleep "* ]]; then
   # shellcheck disable=SC2086
-  python3 bench/gpu_sleep_memory.py --model "$W/wide" --workdir "$W/sleep" --after "$W/B.done" --cycles "$CYCLES" \
-    ${SLEEP_ONLY:+--only $SLEEP_ONLY} --out "$OUT/gpu_sleep_memory.json" --done "$W/M.done" > "$W/bench_sleep.txt" 2>&1 &
-  PIDS+=($!)
-else touch "$W/M.done"; fi
+  launch sleep bench_sleep.txt - python3 bench/gpu_sleep_memory.py --model "$W/wide" --workdir "$W/sleep" \
+    --after "${AFTER[@]}" --cycles "$CYCLES" ${SLEEP_ONLY:+--only $SLEEP_ONLY} --out "$OUT/gpu_sleep_memory.json" \
+    --done "$W/M.done"
+  AFTER+=("$W/M.done")
+else skip sleep M.done; fi
 if [[ $PHASES == *" verify "* ]]; then
-  python3 bench/gpu_verify_weights.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/verify" --after "$W/M.done" \
-    --steps "${STEPS_VERIFY:-8}" --out "$OUT/gpu_verify_weights.json" --done "$W/V.done" > "$W/bench_verify.txt" 2>&1 &
-  PIDS+=($!)
-else touch "$W/V.done"; fi
+  launch verify bench_verify.txt - python3 bench/gpu_verify_weights.py "${TRLARGS[@]}" --model "$W/wide" \
+    --workdir "$W/verify" --after "${AFTER[@]}" --steps "${STEPS_VERIFY:-8}" --out "$OUT/gpu_verify_weights.json" \
+    --done "$W/V.done"
+  AFTER+=("$W/V.done")
+else skip verify V.done; fi
 if [[ $PHASES == *" shimtime "* ]]; then
   # its marker once the process is gone (its CUDA context freed): vLLM's start-up profiling in the next run
   # fails when device memory is given back during it
-  ( python3 bench/gpu_shim_time.py --model "$W/wide" --after "$W/M.done" "$W/V.done" --cycles "${CYCLES_TIME:-20}" \
-    --out "$OUT/gpu_shim_time.json" > "$W/bench_shimtime.txt" 2>&1; touch "$W/T.done" ) &
-  PIDS+=($!)
-else touch "$W/T.done"; fi
+  launch shimtime bench_shimtime.txt T.done python3 bench/gpu_shim_time.py --model "$W/wide" --after "${AFTER[@]}" \
+    --cycles "${CYCLES_TIME:-20}" --out "$OUT/gpu_shim_time.json"
+  AFTER+=("$W/T.done")
+else skip shimtime T.done; fi
 if [[ $PHASES == *" logs "* ]]; then
-  python3 bench/gpu_log_volume.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/logs" --after "$W/T.done" \
-    --steps "${STEPS_LOGS:-100}" --out "$OUT/gpu_log_volume.json" --done "$W/L.done" > "$W/bench_logs.txt" 2>&1 &
-  PIDS+=($!)
+  launch logs bench_logs.txt - python3 bench/gpu_log_volume.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/logs" \
+    --after "${AFTER[@]}" --steps "${STEPS_LOGS:-100}" --out "$OUT/gpu_log_volume.json" --done "$W/L.done"
+  AFTER+=("$W/L.done")
 fi
 # watchdog: nothing may run past the budget + 35 s (the device call's limit is 600 s). Its output goes to the
 # log file, not to this script's stdout, so that a sleeping watchdog never keeps the caller's pipe open.
+# (a phase is a subshell > orchestrator > runs: the whole tree, by process id)
+killtree() { local c; for c in $(pgrep -P "$1"); do killtree "$c"; done; kill "$1"; }
 ( sleep $(( $(left) + 35 )); echo "[run_all] WATCHDOG: killing what is left" >> "$OUT/run_all.log"
-  for p in "${PIDS[@]}"; do pkill -P "$p"; kill "$p"; done ) > /dev/null 2>&1 &
+  for p in "${PIDS[@]}"; do killtree "$p"; done ) > /dev/null 2>&1 &
 WD=$!
 for p in "${PIDS[@]}"; do wait "$p"; done
 pkill -P "$WD" 2>/dev/null; kill "$WD" 2>/dev/null
+if [ -f "$SHIM_GPU_LOCK.events" ]; then
+  el "device order (tests/gpu/devlock.py, $SHIM_GPU_LOCK.events):"
+  python3 -m tests.gpu.devlock "$SHIM_GPU_LOCK.events"
+  el "device overlap check exit $?"
+fi
 for f in bench_trl5312 bench_cost bench_sleep bench_verify bench_shimtime bench_logs; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
 
 # ---- 4. tests on the results, example, logs --------------------------------------------------
@@ -143,7 +171,7 @@ if [ "${RUN_EXAMPLE:-1}" = 1 ] && [ "$(left)" -gt 75 ]; then
 else
   el "examples/trl_grpo_colocate.py skipped: $(left) s left"
 fi
-( cd "$W" && find . -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name 'bench_*.txt' | grep -v -E '/(tiny|wide)/|trainer-' \
+( cd "$W" && find . -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.events' -o -name 'bench_*.txt' | grep -v -E '/(tiny|wide)/|trainer-' \
   | tar czf "$OUT/logs.tar.gz" -T - )
 el "done; files in $OUT:"; ls -la "$OUT"
 sleep 1  # let tee write the last lines
