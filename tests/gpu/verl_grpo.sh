@@ -117,7 +117,9 @@ for ph in $PHASES; do case $ph in
 unpack)
   log "unpack"
   mkdir -p "$VK" /tmp/vkp /tmp/vtp
+  if [ -f "$VK/site/vllm/__init__.py" ]; then log "bundle already in $VK (an earlier call of this warm machine)"; else
   (cd /tmp/vkp && cat bundle.tar.xz.part-* > bundle.tar.xz && sha256sum -c --quiet SHA256SUMS && tar -xJf bundle.tar.xz -C "$VK" && rm -f bundle.tar.xz*) || { log "UNPACK bundle FAILED"; ls -la /tmp/vkp | tee -a "$OUT/verl_grpo.log"; exit 1; }
+  fi
   (cd /tmp/vtp && cat vt.tar.xz.part-* > vt.tar.xz && sha256sum -c --quiet VT_SHA256SUMS && tar -xJf vt.tar.xz -C "$(dirname "$VT")" && rm -f vt.tar.xz*) || { log "UNPACK vt FAILED"; ls -la /tmp/vtp | tee -a "$OUT/verl_grpo.log"; exit 1; }
   log "unpacked: $(du -sh "$VK" "$VT" | tr '\n' ' ')"
   ;;
