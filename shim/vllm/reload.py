@@ -91,12 +91,34 @@ def needs_reprocess(model) -> bool:
 
 
 def _layerwise():
-    """``(initialize, finalize)`` of vLLM's layerwise reload, or None where this vLLM has none."""
+    """``(open(model), close(model, runner))`` of vLLM's reload, or None where this vLLM has none: 0.34's
+    ``start_reload`` / ``finish_reload`` where they exist (they set ``weight_update_active()``, which some
+    models' ``load_weights`` read, and honour ``VLLM_RELOAD_MODE``), else the layerwise pair (0.16+)."""
     try:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        from vllm.model_executor.model_loader import reload
     except ImportError:
         return None
-    return initialize_layerwise_reload, finalize_layerwise_reload
+    start, finish = getattr(reload, "start_reload", None), getattr(reload, "finish_reload", None)
+    if callable(start) and callable(finish):
+        return start, lambda model, runner: finish(model, runner.model_config, getattr(runner, "device", None))
+    init, final = getattr(reload, "initialize_layerwise_reload", None), getattr(reload, "finalize_layerwise_reload", None)
+    if not (callable(init) and callable(final)):
+        return None
+    return init, lambda model, runner: final(model, runner.model_config)
+
+
+def _cap_lifted(runner, model):
+    """vLLM 0.34's own reload lends the push room: ``kv_cache_lent_for_weight_update`` lifts the torch cap the
+    extensible KV cache set (``shim.vllm.extensible_kv``) for the update; a null context elsewhere."""
+    kv_cache = getattr(runner, "extensible_kv_cache", None)
+    if kv_cache is None:
+        return contextlib.nullcontext()
+    try:
+        from vllm.v1.worker.extensible_kv_cache import kv_cache_lent_for_weight_update
+
+        return kv_cache_lent_for_weight_update(kv_cache, model, reclaimable=False, fail_if_short=False)
+    except Exception:
+        return contextlib.nullcontext()
 
 
 def _plain_snapshot(model) -> list:
@@ -222,8 +244,9 @@ class _Push:
 
 @contextlib.contextmanager
 def session(llm):
-    """Around ONE trainer push into ``llm``: vLLM's layerwise reload (0.16+) or, before it, the touched
-    attention layers re-processed; re-derived plain attributes back in their old storage. Where the
+    """Around ONE trainer push into ``llm``: vLLM's reload (0.34: ``start_reload``/``finish_reload``, the torch
+    cap lifted as vLLM's own reload does; 0.16+: the layerwise pair) or, before it, the touched attention
+    layers re-processed; re-derived plain attributes back in their old storage. Where the
     engine cannot be reached, a session is already open on it, or the model derives nothing from its
     weights (:func:`needs_reprocess`: a dense unquantized model), the push runs as it is."""
     runner = runner_of(llm)
@@ -235,12 +258,12 @@ def session(llm):
     push = _Push(model, _layerwise())
     setattr(model, IN_SESSION, True)
     try:
-        with push.installed():
+        with push.installed(), _cap_lifted(runner, model):
             try:
                 yield
             finally:
                 if push.opened:
-                    push.layerwise[1](model, runner.model_config)
+                    push.layerwise[1](model, runner)
         if not push.opened:
             for module in _touched_attention(model, push.written):
                 _reprocess(module, runner.model_config.dtype)

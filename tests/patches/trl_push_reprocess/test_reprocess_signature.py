@@ -46,3 +46,17 @@ def test_raw_push_leaves_the_matrices_stale(model_dir):
     off, _ = run(model_dir, BODY.read_text().replace("with reload.session(llm):", "if True:"), shim=False,
                  version="0.34.0", **ENV)
     assert off["pushed"] is True and off["derived"] is False
+
+
+def test_push_on_034_runs_vllms_reload_lifecycle_with_the_cap_lifted(model_dir):
+    """vLLM 0.34: the session opens the push with ``start_reload`` (``weight_update_active()`` true while
+    ``load_weights`` runs, as some models' loaders read it) and lifts the torch cap of the extensible KV cache
+    for it, as vLLM's own ``Worker.reload_weights`` (``kv_cache_lent_for_weight_update``); the cap is back
+    after. Without the session (the shim off) the push runs capped and outside any update."""
+    on, proc = run(model_dir, BODY, shim=True, version="0.34.0", **ENV)
+    assert on["error"] is None and on["derived"] is True, proc.stderr
+    assert on["fraction_before"] < 1.0 and on["fraction_after"] == on["fraction_before"]
+    assert on["during"] and all(d == [1.0, True] for d in on["during"]), on["during"]
+    off, _ = run(model_dir, BODY.read_text().replace("with reload.session(llm):", "if True:"), shim=False,
+                 version="0.34.0", **ENV)
+    assert all(d == [off["fraction_before"], False] for d in off["during"]), off["during"]

@@ -1,7 +1,8 @@
 # One push of new kv_b_proj weights through shim.vllm.reload.session on a DeepSeek-V2 (MLA, quantized
 # kv_b_proj: the derived W_UK_T / W_UV are copies), with vLLM's layerwise reload refusing to start
 # (TEST_FALLBACK=1), so the session falls back to re-running the touched attention layers'
-# process_weights_after_loading (test_reprocess_signature.py). A stand_in body (after
+# process_weights_after_loading (test_reprocess_signature.py). R["during"]: torch's per-process memory fraction
+# and vLLM 0.34's weight_update_active() as the model's load_weights sees them. A stand_in body (after
 # tests/support/children/stand_in_prelude.py).
 import os
 from typing import TYPE_CHECKING
@@ -25,6 +26,20 @@ def refuse(model, *args, **kwargs):
 
 if os.environ.get("TEST_FALLBACK") == "1":
     layerwise_reload.initialize_layerwise_reload = refuse
+    if hasattr(layerwise_reload, "start_reload"):  # 0.34's entry point, tried first
+        layerwise_reload.start_reload = refuse
+R["during"] = []
+_load = type(r.model).load_weights
+
+
+def recording_load(self, weights, *args, **kwargs):
+    active = getattr(layerwise_reload, "weight_update_active", lambda: None)()
+    R["during"].append([torch.cuda.get_per_process_memory_fraction(), active])
+    return _load(self, weights, *args, **kwargs)
+
+
+type(r.model).load_weights = recording_load
+R["fraction_before"] = torch.cuda.get_per_process_memory_fraction()
 new = [(n, p.detach() * 1.5 + 0.01) for n, p in r.model.named_parameters() if "kv_b_proj" in n]
 try:
     with reload.session(llm):
@@ -35,3 +50,4 @@ except Exception as exc:  # the push fails in the trainer's hands
     R["error"] = f"{type(exc).__name__}: {exc}"
 R["pushed"] = all(torch.equal(dict(r.model.named_parameters())[n], t) for n, t in new)
 R["derived"] = all(torch.equal(m.absorbed_weight(), m.kv_b_proj.weight) for m in r.mla_layers)
+R["fraction_after"] = torch.cuda.get_per_process_memory_fraction()

@@ -12,3 +12,12 @@ from vllm.model_executor.model_loader.reload.layerwise import (  # noqa: E402
 )
 
 __all__ = ["initialize_layerwise_reload", "finalize_layerwise_reload"]
+
+if _fake.V >= _fake.Version("0.34.0"):  # 0.34 reload/__init__.py exports the lifecycle entry points
+    from vllm.model_executor.model_loader.reload.lifecycle import (  # noqa: E402
+        finish_reload,
+        start_reload,
+        weight_update_active,
+    )
+
+    __all__ += ["finish_reload", "start_reload", "weight_update_active"]
