@@ -150,13 +150,18 @@ def _plain_to_keep(worker) -> list:
         return []
     from shim.vllm import reload
 
+    rederived = reload.pushes_reprocess(model)
+    tensors = (t for _, _, t, is_attention in plain_tensors(model) if not (is_attention and rederived))
+    return _storages_to_keep(model, tensors, set())
+
+
+def _storages_to_keep(model, tensors, seen: set) -> list:
+    """``[(ptr, storage)]`` of ``tensors`` whose storage lies in the weights pool, is no parameter's or buffer's
+    of ``model`` and is not in ``seen`` (each storage once; ``seen`` grows)."""
     inside = _in_weights_pool()
     registered = _registered_storages(model)
-    rederived = reload.pushes_reprocess(model)
-    keep, seen = [], set()
-    for _, _, tensor, is_attention in plain_tensors(model):
-        if is_attention and rederived:
-            continue
+    keep = []
+    for tensor in tensors:
         ptr = _storage_ptr(tensor)
         if ptr is None or ptr in registered or ptr in seen or not inside(ptr):
             continue
@@ -223,16 +228,7 @@ def _globals_to_keep(worker, seen: set) -> list:
     model = getattr(getattr(worker, "model_runner", None), "model", None)
     if model is None:
         return []
-    inside = _in_weights_pool()
-    registered = _registered_storages(model)
-    keep = []
-    for _, _, tensor in global_tensors():
-        ptr = _storage_ptr(tensor)
-        if ptr is None or ptr in registered or ptr in seen or not inside(ptr):
-            continue
-        seen.add(ptr)
-        keep.append((ptr, tensor.untyped_storage()))
-    return keep
+    return _storages_to_keep(model, (t for _, _, t in global_tensors()), seen)
 
 
 def _plain_and_globals_to_keep(worker) -> list:
