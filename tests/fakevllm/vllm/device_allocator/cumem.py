@@ -162,7 +162,8 @@ class CuMemAllocator:
         successfully_mapped = []
         try:
             for ptr, data in self.pointer_to_data.items():
-                if tags is None or data.tag in tags:
+                if tags is None or data.tag in tags or (_fake.V >= _fake.Version("0.34.0")
+                                                        and data.tag not in ("weights", "kv_cache")):
                     handle = data.handle
                     a = _alloc_of(handle)
                     if a is not None and a.mapped:

@@ -21,11 +21,14 @@ from contextlib import nullcontext
 import torch
 
 from vllm import _fake
+from vllm._fake.device import DEVICE
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 logger = init_logger(__name__)
 GiB_bytes = 1 << 30
+RUNTIME_BYTES = 48 << 20    # 0.34: the runner's state in the "runtime" tag (size: the stand-in's choice)
+WORKSPACE_BYTES = 16 << 20  # 0.34: the workspace manager's scratch in the "workspace" tag
 
 
 _warned_draft: list = []  # logger.warning_once upstream
@@ -82,11 +85,17 @@ class Worker(WorkerBase):
                 f"({self.cache_config.gpu_memory_utilization}, {requested / GiB_bytes:.2f} GiB). Decrease "
                 f"GPU memory utilization or reduce GPU memory used by other processes.")
         self.model_runner = GPUModelRunner(self.vllm_config, self._mem)
+        if _fake.V >= _fake.Version("0.34.0") and self.vllm_config.model_config.enable_sleep_mode:
+            # 0.34 _init_workspace_and_model_runner: the runner's own state under tag "runtime" (offloaded at
+            # a sleep, woken with any tag: cumem.py DEFERRABLE_TAGS are weights and kv_cache only)
+            with self._allocator().use_memory_pool(tag="runtime"):
+                self._runtime_alloc = DEVICE.allocate(RUNTIME_BYTES, label="runtime")
 
     def load_model(self) -> None:
         if self.vllm_config.model_config.enable_sleep_mode:
             allocator = self._allocator()
-            assert allocator.get_current_usage() == 0, "Sleep mode can only be used for one instance per process."
+            if _fake.V < _fake.Version("0.34.0"):  # gone in 0.34 (the runtime tag is allocated before the model)
+                assert allocator.get_current_usage() == 0, "Sleep mode can only be used for one instance per process."
             context = allocator.use_memory_pool(tag="weights")
         else:
             context = nullcontext()
@@ -116,6 +125,10 @@ class Worker(WorkerBase):
             self.model_runner.initialize_kv_cache(kv_cache_bytes)
 
     def compile_or_warm_up_model(self) -> None:
+        if _fake.V >= _fake.Version("0.34.0") and self.vllm_config.model_config.enable_sleep_mode:
+            # 0.34 init_workspace_manager(alloc_context=pool "workspace"): scratch discarded at a sleep
+            with self._allocator().use_memory_pool(tag="workspace"):
+                self._workspace_alloc = DEVICE.allocate(WORKSPACE_BYTES, label="workspace")
         kv_cache = self.model_runner.extensible_kv_cache
         if kv_cache is not None:  # 0.34: measure_kv_cache_blocks after the warm-up caps torch
             from vllm.v1.worker.extensible_kv_cache import measure_kv_cache_blocks
@@ -199,7 +212,7 @@ class Worker(WorkerBase):
         allocator = self._allocator()
         if self.model_runner.extensible_kv_cache is not None:  # outside the pool: pages dropped, the torch cap stays
             self.model_runner.extensible_kv_cache.release_physical()
-        allocator.sleep(offload_tags=("weights",), discardable=discardable)
+        allocator.sleep(offload_tags=("weights", "runtime", "cudagraph"), discardable=discardable)  # CuMemBackend
         self._log_sleep(level, free_bytes_before_sleep, allocator)
 
     sleep = _sleep_034 if _fake.V >= _fake.Version("0.34.0") else _sleep_upto_033
