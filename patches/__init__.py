@@ -67,6 +67,7 @@ INDEX = (
     ("vllm-ascend-moe-wake-layout", "vllm_ascend_moe_wake", "vllm_ascend.worker.worker"),
     ("vllm-level2-tensors", "vllm_level2_buffers", "vllm.v1.worker.gpu_worker"),
     ("vllm-ascend-level2-tensors", "vllm_level2_buffers", "vllm_ascend.worker.worker"),
+    ("vllm-level2-drafter", "vllm_level2_drafter", "vllm.engine.arg_utils"),
     ("verify-weights-vllm", "verify_weights", "vllm.entrypoints.llm"),
     ("verify-weights-trl", "verify_weights", "trl.generation.vllm_generation"),
     ("verify-weights-trl-grpo", "verify_weights", "trl.trainer.grpo_trainer"),

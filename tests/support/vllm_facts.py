@@ -52,6 +52,7 @@ SHIM_NAMES = [
     "vllm.model_executor.model_loader.reload:initialize_layerwise_reload",
     "vllm.model_executor.model_loader.reload:finalize_layerwise_reload",
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
+    "vllm.engine.arg_utils:EngineArgs.__init__", "vllm.engine.arg_utils:AsyncEngineArgs.__init__",
 ]
 
 # Upstream names on the sleep / wake / weight-update path that neither names yet but the stand-in should model

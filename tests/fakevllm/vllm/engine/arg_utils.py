@@ -1,5 +1,5 @@
 """Mirrors vllm/engine/arg_utils.py EngineArgs (the keyword surface LLM(...)
-accepts; unknown keywords raise TypeError like the dataclass does)."""
+accepts; unknown keywords raise TypeError like the dataclass does) and AsyncEngineArgs, its dataclass subclass."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -104,7 +104,11 @@ class EngineArgs:
         return VllmConfig(mc, cc, pc, lc, additional_config=self.additional_config or {}, speculative_config=sc)
 
 
-AsyncEngineArgs = EngineArgs
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """Upstream: a dataclass subclass (its own generated ``__init__``, all of ``EngineArgs``' fields and its own)."""
+
+    enable_log_requests: bool = False
 
 
 def _extensible_kv_cache(args) -> bool:

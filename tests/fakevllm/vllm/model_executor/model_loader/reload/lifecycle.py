@@ -2,7 +2,13 @@
 ``finish_reload`` around a checkpoint-format weight update, and the process-wide ``weight_update_active()``
 some models' ``load_weights`` read (a call may hold only part of the checkpoint). ``VLLM_RELOAD_MODE=direct``
 is not modelled: the layerwise reload runs."""
+from vllm import _fake
 from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload, initialize_layerwise_reload
+
+if _fake.V < _fake.Version("0.34.0"):
+    raise ModuleNotFoundError(f"No module named 'vllm.model_executor.model_loader.reload.lifecycle' (vLLM {_fake.VERSION})",
+                              name="vllm.model_executor.model_loader.reload.lifecycle")
+
 
 _weight_update_active = False
 
