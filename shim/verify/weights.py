@@ -209,6 +209,7 @@ class Target:
         self.generates = 0
         self.stale = 0
         self.params = None         # the trainer's parameters by pushed name
+        self.source = None         # model -> (tensors by pushed name, why not): what a push gives (PEFT: merged)
         self.views = None          # compare.Views of the trainer's pieces (made again when described again)
 
     def model(self):
@@ -228,12 +229,15 @@ def target_for(llm, create: bool = False, site: str = "") -> "Target | None":
 
 
 class armed:
-    """``with armed(llm, model, site):`` around a trainer's generate: the engine must equal ``model``.
+    """``with armed(llm, model, site, source):`` around a trainer's generate: the engine must equal ``model``.
 
+    ``source``: ``model -> (tensors by pushed name, None)`` for a model whose push gives the engine other
+    tensors than its parameters (a PEFT model: the adapter merged, ``shim.peft.merge.verified_tensors``),
+    ``(None, why)`` where those cannot be reproduced, ``(None, None)`` to read the model's parameters.
     A window in which no check reached the engine (its vLLM half not applied, or the trainer
     sampled through another path) is one unverifiable rollout."""
 
-    def __init__(self, llm, model, site: str):
+    def __init__(self, llm, model, site: str, source=None):
         self.target = None
         self.llm = llm
         if llm is None or model is None:
@@ -241,6 +245,7 @@ class armed:
         self.target = target_for(llm, create=True, site=site)
         if self.target is not None:
             self.target.site = site
+            self.target.source = source
             try:
                 self.target.model_ref = weakref.ref(model)
             except TypeError:
@@ -385,13 +390,16 @@ def _verify(llm, target: Target, mode: str) -> "list | None":
 def _prepare(llm, target: Target, model, mode: str) -> bool:
     """Describe the engine once: which tensors are compared; say what cannot be."""
     name = engine_name(llm)
-    reason = layout.unverifiable_reason(model)
+    params, reason = target.source(model) if target.source is not None else (None, None)
+    if params is None:
+        reason = reason or layout.unverifiable_reason(model)
     if reason:
         target.disabled = f"the trainer model cannot be compared: {reason}"
         return False
     results = transport.run_on_workers(llm, {"describe": True})
     target.descs = {r["rank"]: r["describe"] for r in results}
-    params = layout.trainer_params(model)
+    if params is None:
+        params = layout.trainer_params(model)
     first = target.descs[min(target.descs)]
     good, bad = layout.mapped(first, params)
     for rank, desc in target.descs.items():  # every worker holds the same names (its own shards)
