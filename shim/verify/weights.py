@@ -446,21 +446,42 @@ def _note_bytes(descs: dict, names: list, params: dict) -> None:
         _read.update(engine=engine, trainer=trainer)
 
 
+LORA_ONLY = ("Only tensors with a LoRA adapter merged into them differ: the engine holds other merged weights than "
+             "the trainer's base plus adapter give now -- a merged tensor not pushed, or the frozen base moved by "
+             "upstream's in-place merge/unmerge after the push (trl-lora-merge-drift* / swift-lora-merge-drift* "
+             "switched off or not covering this trainer). ")
+
+
+def _lora_only(target: Target, differ: list) -> bool:
+    """Every differing engine tensor holds a LoRA-merged trainer tensor (``params.derived``)."""
+    derived = getattr(target.params, "derived", None)
+    if not derived or not differ or not target.descs:
+        return False
+    desc = target.descs[min(target.descs)]["params"]
+    for name in differ:
+        d = desc.get(name.split(" (tp rank ")[0])
+        if d is None or not any(piece[0] in derived for piece in d["layout"]["pieces"]):
+            return False
+    return True
+
+
 def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -> None:
     report_stale(engine_name(llm), target.site, differ, mode, step, version, target.stale, target.generates,
-                 "the engine is about to generate from weights that differ from the trainer's", "generates")
+                 "the engine is about to generate from weights that differ from the trainer's", "generates",
+                 LORA_ONLY if _lora_only(target, differ) else "")
 
 
 def report_stale(engine: str, site: str, differ: list, mode: str, step, version, stale: int, total: int,
-                 finding: str, unit: str) -> None:
+                 finding: str, unit: str, note: str = "") -> None:
     """The one stale-weights verdict of every verify record: a WARNING naming the first :data:`SHOW` tensors
     (the first :data:`WARN_FIRST` stale ``unit`` of an engine, then every :data:`WARN_EVERY`), or
-    :class:`StaleWeights` with ``SHIM_STRICT=1``. ``finding``: what differs, in the site's words."""
+    :class:`StaleWeights` with ``SHIM_STRICT=1``. ``finding``: what differs, in the site's words; ``note``: what
+    the differing tensors suggest (a sentence, before the usual advice)."""
     shown = ", ".join(differ[:SHOW]) + (f" and {len(differ) - SHOW} more" if len(differ) > SHOW else "")
     message = (f"verify-weights {engine} ({site}): stale weights at step "
                f"{'?' if step is None else step} (engine weight version {version or '-'}): {finding} "
                f"({mode} digests; first differing: {shown}); "
-               f"stale at {stale} of {total} verified {unit} of this engine. "
+               f"stale at {stale} of {total} verified {unit} of this engine. {note}"
                "A weight push did not land: check `python -m shim status` (a patch disabled or standing down?)")
     if config.strict():
         raise StaleWeights("[shim] " + message)

@@ -50,6 +50,7 @@ def test_lora_push_missing_one_tensor_reported():
     assert r["verify"]["stale"] == 8 and r["verify"]["verified"] == r["verify"]["unverifiable"] == 0, r["verify"]
     stale = [w for w in r["shim_warnings"] if "stale weights" in w]
     assert len(stale) == 5 and all(f"first differing: {WRONG});" in w for w in stale), stale
+    assert all("Only tensors with a LoRA adapter merged into them differ" in w for w in stale), stale[0]
 
 
 def test_lora_strict_stops_the_run():
@@ -66,6 +67,15 @@ def test_lora_drift_fix_off_is_stale():
     assert r["verify"]["stale"] == 8 and r["verify"]["unverifiable"] == 0, r["verify"]
     stale = [w for w in r["shim_warnings"] if "stale weights" in w]
     assert stale and "q_proj.weight" in stale[0] and "k_proj" not in stale[0], stale[0]
+    assert all("LoRA adapter merged into them differ" in w and "merge/unmerge" in w for w in stale), stale[0]
+
+
+def test_plain_tensor_missing_gets_no_lora_note():
+    """A push that leaves out a tensor without an adapter: stale, without the LoRA note."""
+    r = lora("1.16.0", "grpo", "--skip-push", "model.layers.1.self_attn.k_proj.weight")
+    stale = [w for w in r["shim_warnings"] if "stale weights" in w]
+    assert r["verify"]["stale"] == 8 and stale and "k_proj.weight" in stale[0], r["verify"]
+    assert not [w for w in stale if "LoRA" in w], stale[0]
 
 
 # ---------------------------------------------------------------------------
