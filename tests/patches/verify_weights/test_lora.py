@@ -70,6 +70,20 @@ def test_lora_drift_fix_off_is_stale():
     assert all("LoRA adapter merged into them differ" in w and "merge/unmerge" in w for w in stale), stale[0]
 
 
+def test_online_dpo_lora_verified_and_its_drift_reported():
+    """OnlineDPO (1.16.0) pushes a PEFT model through its own ``_move_model_to_vllm``, which no
+    ``trl-lora-merge-drift*`` record covers: upstream's unmerge moves the frozen base after every push. The check
+    compares every tensor (none unverifiable; before: every rollout unverifiable) and reports that drift at every
+    rollout, on the LoRA-merged tensors only, with the LoRA note."""
+    r = lora("1.16.0", "online_dpo")
+    assert r["decisions"]["verify-weights-trl-online-dpo"] == "applied"
+    assert min(g["base_changed"] for g in r["generates"]) > 0  # the drift (the observation)
+    assert r["verify"]["unverifiable"] == 0 and r["verify"]["stale"] == len(r["generates"]) == 8, r["verify"]
+    stale = [w for w in r["shim_warnings"] if "stale weights" in w]
+    assert stale and all("OnlineDPOTrainer._generate_vllm_colocate" in w and "LoRA adapter merged" in w
+                         for w in stale), stale[0]
+
+
 def test_plain_tensor_missing_gets_no_lora_note():
     """A push that leaves out a tensor without an adapter: stale, without the LoRA note."""
     r = lora("1.16.0", "grpo", "--skip-push", "model.layers.1.self_attn.k_proj.weight")
