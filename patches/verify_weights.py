@@ -77,13 +77,14 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
     site = f"{class_name}.{method}"
 
     def wrapper(wrapped, instance, args, kwargs):
+        from shim.peft import merge
         from shim.trl import synced_llm
         from shim.verify import weights as verify
 
         llm = getattr(instance, llm_attr, None)
         if llm is None or not predicate(instance) or synced_llm.owned_by_swift(instance):
             return wrapped(*args, **kwargs)
-        with verify.armed(llm, getattr(instance, "model", None), site):
+        with verify.armed(llm, getattr(instance, "model", None), site, merge.verified_tensors):
             return wrapped(*args, **kwargs)
 
     def probe(module):
@@ -97,6 +98,7 @@ def _arming(class_name, method, predicate, llm_attr="llm"):
 
 # -- ms-swift: no LLM.generate; verify before the rollout's inference -------------------------
 def _swift_infer(wrapped, instance, args, kwargs):
+    from shim.swift import lora_merge
     from shim.verify import weights as verify
 
     train_args = getattr(instance, "args", None)
@@ -104,7 +106,8 @@ def _swift_infer(wrapped, instance, args, kwargs):
     if (engine is not None and getattr(instance, "use_fast_infer", False)
             and getattr(instance, "vllm_mode", None) == "colocate"
             and not getattr(train_args, "async_generate", False)):
-        with verify.armed(engine, getattr(instance, "model", None), "RolloutTrainerMixin._fast_infer"):
+        with verify.armed(engine, getattr(instance, "model", None), "RolloutTrainerMixin._fast_infer",
+                          lora_merge.verified_tensors(instance)):
             verify.before_generate(engine)
     return wrapped(*args, **kwargs)
 
@@ -199,7 +202,11 @@ VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights
             "level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
             "without chat (this record's vLLM half stands down): every rollout counted unverifiable, one WARNING, "
             "status reason; digests equal to the definition, every single changed element and swaps seen, chunking "
-            "and routes agree; tensor-parallel slices (fused qkv/gate_up, row/vocab parallel) on CPU tensors")
+            "and routes agree; tensor-parallel slices (fused qkv/gate_up, row/vocab parallel) on CPU tensors. "
+            "PEFT LoRA (bf16): real TRL 1.16.0/1.9.2 GRPO, 0.27.2 GRPO and RLOO, ms-swift 4.6.0/3.10.1 full push with "
+            "the adapter merged: every rollout verified against the adapter merged as the push merges it (before: "
+            "every one unverifiable); a push leaving out one LoRA-merged tensor reported naming it; ms-swift with "
+            "vLLM's own LoRA: unverifiable, one WARNING")
 
 
 def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at, verified=VERIFIED):

@@ -89,6 +89,15 @@ def plan(patch_id: str, model, why_not: "str | None" = None, whole: bool = True)
     return Push(patch_id, model, layers, whole)
 
 
+def _merged_leaves(layer, adapters) -> tuple:
+    """The base tensors of ``layer`` that PEFT's merge of ``adapters`` writes: its weight, and its bias where
+    one of them has a LoRA bias (``lora_bias=True``)."""
+    base = layer.get_base_layer()
+    lora_bias = getattr(layer, "lora_bias", {})
+    return ("weight",) + (("bias",) if getattr(base, "bias", None) is not None
+                          and any(lora_bias.get(a) for a in adapters) else ())
+
+
 def _merged_tensors(layer, names, merge_kwargs) -> dict:
     """PEFT's ``merge`` of ``layer`` applied to copies of its base tensors ``names``: name -> merged copy.
     The base tensors and the layer's merge record are as before when this returns (or raises)."""
@@ -130,9 +139,7 @@ class Push:
             if not adapters:
                 continue
             base = layer.get_base_layer()
-            lora_bias = getattr(layer, "lora_bias", {})
-            names = ("weight",) + (("bias",) if getattr(base, "bias", None) is not None
-                                   and any(lora_bias.get(a) for a in adapters) else ())
+            names = _merged_leaves(layer, adapters)
             for name in names:
                 self.noted[getattr(base, name).data_ptr()] = (layer, name, names)
 
@@ -168,3 +175,84 @@ class Push:
         with shadow(self.model, "merge_adapter", self.merge_adapter), \
                 shadow(self.model, "unmerge_adapter", self.unmerge_adapter):
             yield self
+
+
+# ---------------------------------------------------------------------------
+# weight verification: what the push of a PEFT model gives the engine
+# ---------------------------------------------------------------------------
+PEFT_PREFIX = "base_model.model."
+PUSH_MERGE = {"safe_merge": False, "adapter_names": None}
+"""The merge every trainer push runs (``model.merge_adapter()``: the active adapters, no safe merge)."""
+
+
+def pushed_name(name: str, prefix: str = "lora_") -> "str | None":
+    """A PEFT model's parameter name as the trainer's push gives it to vLLM, or None where the push leaves it
+    out (TRL 1.16 ``VLLMGeneration._iter_named_params``, the same in 0.23-1.15: ``base_model.model.`` and
+    ``.base_layer`` dropped, the adapters' own tensors and ``modules_to_save``' original modules skipped,
+    ``modules_to_save.default.`` dropped)."""
+    name = name.removeprefix(PEFT_PREFIX).replace(".base_layer", "")
+    if prefix in name or "original_module" in name:
+        return None
+    return name.replace("modules_to_save.default.", "")
+
+
+class Merged(dict):
+    """A PEFT model's tensors by pushed name, as the push gives them to the engine (``shim.verify.compare``'s
+    derived source): ``self[name]`` is the trainer tensor (shape, dtype, bytes), ``derive(name)`` for the LoRA
+    base tensors in :attr:`derived` the adapter merged into a copy of it by PEFT's own ``merge`` of its layer
+    (:func:`_merged_tensors`, what :class:`Push` gives the push, and what upstream's in-place merge writes), made
+    at the call from the tensors as they are then."""
+
+    def __init__(self):
+        super().__init__()
+        self.derived: dict = {}  # pushed name -> (layer, leaf, leaves the merge writes)
+
+    def derive(self, name: str):
+        layer, leaf, leaves = self.derived[name]
+        return _merged_tensors(layer, leaves, PUSH_MERGE)[leaf]
+
+
+def verified_tensors(model) -> "tuple[Merged | None, str | None]":
+    """``(tensors, None)``: what a push of the PEFT model ``model`` gives the engine, by pushed name
+    (:class:`Merged`); ``(None, why)`` where it cannot be reproduced exactly; ``(None, None)``: not a PEFT model
+    (the caller reads the model's own parameters)."""
+    if "peft" not in sys.modules:
+        return None, None
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
+
+    if not isinstance(model, PeftModel):
+        return None, None
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    why = _why_not(model, layers)
+    if why:
+        return None, f"PEFT model with {why} (the merged weights are not reproduced out of place)"
+    leaves = {}
+    for layer in layers:
+        adapters = check_adapters_to_merge(layer, None)
+        if adapters:
+            names = _merged_leaves(layer, adapters)
+            base = layer.get_base_layer()
+            leaves.update({id(getattr(base, leaf)): (layer, leaf, names) for leaf in names})
+    from shim.verify import layout
+
+    out = Merged()
+    prefix = getattr(model, "prefix", None) or "lora_"
+    for name, p in model.named_parameters():
+        if hasattr(p, "ds_id") or callable(getattr(p, "full_tensor", None)):
+            return None, "PEFT model sharded by ZeRO-3 or FSDP (the merge needs whole tensors)"
+        pushed = pushed_name(name, prefix)
+        if pushed is None:
+            continue
+        pushed = layout.trainer_name(pushed)
+        if pushed in out:
+            continue
+        out[pushed] = p
+        if id(p) in leaves:
+            out.derived[pushed] = leaves[id(p)]
+    tied = "model.embed_tokens.weight"
+    if "lm_head.weight" not in out and tied in out:  # tied embeddings (as layout.trainer_params)
+        out["lm_head.weight"] = out[tied]
+        if tied in out.derived:
+            out.derived["lm_head.weight"] = out.derived[tied]
+    return out, None

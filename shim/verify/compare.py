@@ -155,7 +155,8 @@ def described(model, fresh: bool = False) -> "tuple[dict, dict, Views]":
 # trainer side
 # ---------------------------------------------------------------------------
 class Gathered:
-    """Full trainer tensors for the names given: ZeRO-3 gathered, FSDP2 DTensor made whole."""
+    """Full trainer tensors for the names given: ZeRO-3 gathered, FSDP2 DTensor made whole, a derived tensor
+    (``params.derived``, e.g. a LoRA base weight with its adapter merged: ``shim.peft.merge.Merged``) made."""
 
     def __init__(self, params: dict, names):
         self.params = params
@@ -173,7 +174,11 @@ class Gathered:
             self._ctx = deepspeed.zero.GatheredParameters(sharded, modifier_rank=None)
             self._ctx.__enter__()
         out = {}
+        derived = getattr(self.params, "derived", None) or {}
         for n in self.names:
+            if n in derived:
+                out[n] = self.params.derive(n).detach()
+                continue
             p = self.params[n]
             full = getattr(p, "full_tensor", None)  # FSDP2 DTensor (collective)
             out[n] = (full() if callable(full) else p).detach()
@@ -189,6 +194,11 @@ def _sharded(t) -> bool:
     return hasattr(t, "ds_id") or callable(getattr(t, "full_tensor", None))
 
 
+def _made(params: dict, name: str) -> bool:
+    """Read through :class:`Gathered` (a whole tensor made for the check and freed after it): sharded or derived."""
+    return name in (getattr(params, "derived", None) or ()) or _sharded(params[name])
+
+
 def trainer_digests(desc: dict, names: list, params: dict, spec=None, kept: "Views | None" = None) -> list:
     """What :func:`fingerprint` must return for ``names`` (and the ``sample`` request ``spec``)
     on the worker ``desc`` describes, computed from the trainer's tensors (one digest per
@@ -202,7 +212,7 @@ def trainer_digests(desc: dict, names: list, params: dict, spec=None, kept: "Vie
             d = desc["params"][name]
             lay, dtype = d["layout"], _dtype(d["dtype"])
             pieces = lay["pieces"]
-            sharded = any(_sharded(params[piece[0]]) for piece in pieces)
+            sharded = any(_made(params, piece[0]) for piece in pieces)
             with Gathered(params, [piece[0] for piece in pieces]) if sharded else contextlib.nullcontext(params) \
                     as tensors:
                 for k, piece in enumerate(pieces):

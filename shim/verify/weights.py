@@ -209,6 +209,7 @@ class Target:
         self.generates = 0
         self.stale = 0
         self.params = None         # the trainer's parameters by pushed name
+        self.source = None         # model -> (tensors by pushed name, why not): what a push gives (PEFT: merged)
         self.views = None          # compare.Views of the trainer's pieces (made again when described again)
 
     def model(self):
@@ -228,12 +229,15 @@ def target_for(llm, create: bool = False, site: str = "") -> "Target | None":
 
 
 class armed:
-    """``with armed(llm, model, site):`` around a trainer's generate: the engine must equal ``model``.
+    """``with armed(llm, model, site, source):`` around a trainer's generate: the engine must equal ``model``.
 
+    ``source``: ``model -> (tensors by pushed name, None)`` for a model whose push gives the engine other
+    tensors than its parameters (a PEFT model: the adapter merged, ``shim.peft.merge.verified_tensors``),
+    ``(None, why)`` where those cannot be reproduced, ``(None, None)`` to read the model's parameters.
     A window in which no check reached the engine (its vLLM half not applied, or the trainer
     sampled through another path) is one unverifiable rollout."""
 
-    def __init__(self, llm, model, site: str):
+    def __init__(self, llm, model, site: str, source=None):
         self.target = None
         self.llm = llm
         if llm is None or model is None:
@@ -241,6 +245,7 @@ class armed:
         self.target = target_for(llm, create=True, site=site)
         if self.target is not None:
             self.target.site = site
+            self.target.source = source
             try:
                 self.target.model_ref = weakref.ref(model)
             except TypeError:
@@ -385,13 +390,16 @@ def _verify(llm, target: Target, mode: str) -> "list | None":
 def _prepare(llm, target: Target, model, mode: str) -> bool:
     """Describe the engine once: which tensors are compared; say what cannot be."""
     name = engine_name(llm)
-    reason = layout.unverifiable_reason(model)
+    params, reason = target.source(model) if target.source is not None else (None, None)
+    if params is None:
+        reason = reason or layout.unverifiable_reason(model)
     if reason:
         target.disabled = f"the trainer model cannot be compared: {reason}"
         return False
     results = transport.run_on_workers(llm, {"describe": True})
     target.descs = {r["rank"]: r["describe"] for r in results}
-    params = layout.trainer_params(model)
+    if params is None:
+        params = layout.trainer_params(model)
     first = target.descs[min(target.descs)]
     good, bad = layout.mapped(first, params)
     for rank, desc in target.descs.items():  # every worker holds the same names (its own shards)
@@ -438,21 +446,42 @@ def _note_bytes(descs: dict, names: list, params: dict) -> None:
         _read.update(engine=engine, trainer=trainer)
 
 
+LORA_ONLY = ("Only tensors with a LoRA adapter merged into them differ: the engine holds other merged weights than "
+             "the trainer's base plus adapter give now -- a merged tensor not pushed, or the frozen base moved by "
+             "upstream's in-place merge/unmerge after the push (trl-lora-merge-drift* / swift-lora-merge-drift* "
+             "switched off or not covering this trainer). ")
+
+
+def _lora_only(target: Target, differ: list) -> bool:
+    """Every differing engine tensor holds a LoRA-merged trainer tensor (``params.derived``)."""
+    derived = getattr(target.params, "derived", None)
+    if not derived or not differ or not target.descs:
+        return False
+    desc = target.descs[min(target.descs)]["params"]
+    for name in differ:
+        d = desc.get(name.split(" (tp rank ")[0])
+        if d is None or not any(piece[0] in derived for piece in d["layout"]["pieces"]):
+            return False
+    return True
+
+
 def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -> None:
     report_stale(engine_name(llm), target.site, differ, mode, step, version, target.stale, target.generates,
-                 "the engine is about to generate from weights that differ from the trainer's", "generates")
+                 "the engine is about to generate from weights that differ from the trainer's", "generates",
+                 LORA_ONLY if _lora_only(target, differ) else "")
 
 
 def report_stale(engine: str, site: str, differ: list, mode: str, step, version, stale: int, total: int,
-                 finding: str, unit: str) -> None:
+                 finding: str, unit: str, note: str = "") -> None:
     """The one stale-weights verdict of every verify record: a WARNING naming the first :data:`SHOW` tensors
     (the first :data:`WARN_FIRST` stale ``unit`` of an engine, then every :data:`WARN_EVERY`), or
-    :class:`StaleWeights` with ``SHIM_STRICT=1``. ``finding``: what differs, in the site's words."""
+    :class:`StaleWeights` with ``SHIM_STRICT=1``. ``finding``: what differs, in the site's words; ``note``: what
+    the differing tensors suggest (a sentence, before the usual advice)."""
     shown = ", ".join(differ[:SHOW]) + (f" and {len(differ) - SHOW} more" if len(differ) > SHOW else "")
     message = (f"verify-weights {engine} ({site}): stale weights at step "
                f"{'?' if step is None else step} (engine weight version {version or '-'}): {finding} "
                f"({mode} digests; first differing: {shown}); "
-               f"stale at {stale} of {total} verified {unit} of this engine. "
+               f"stale at {stale} of {total} verified {unit} of this engine. {note}"
                "A weight push did not land: check `python -m shim status` (a patch disabled or standing down?)")
     if config.strict():
         raise StaleWeights("[shim] " + message)

@@ -86,6 +86,8 @@ def parse():
     p.add_argument("--grpo-module", action="store_true",
                    help="import the release's GRPOTrainer module first, as a real GRPO run does (it imports TRL's "
                         "GRPOTrainer, and with TRL >= 0.28 trl.generation.vllm_generation)")
+    p.add_argument("--skip-push", default="",
+                   help="every push leaves this engine tensor out (the stand-in model's load_weights skips it)")
     p.add_argument("--probe", action="append", default=[],
                    help="patch id: also report what its probe says of this release's module (range aside)")
     p.add_argument("--cuda-available", action="store_true",
@@ -269,6 +271,25 @@ def main():
         t.parameter_groups, t.parameter_groups_no_lora = t.split_batches()
 
     runner = t.engine.inner_model_executor.driver_worker.model_runner
+    if a.skip_push:
+        from vllm.v1.worker.gpu_model_runner import VllmModelMixin  # the stand-in model's load_weights
+
+        push_weights = VllmModelMixin.load_weights
+
+        def partial_push(self, weights):
+            return push_weights(self, [(n, w) for n, w in weights if n != a.skip_push])
+
+        VllmModelMixin.load_weights = partial_push
+    import logging
+
+    warnings = []
+
+    class Collect(logging.Handler):  # the shim's WARNING lines (its logger does not propagate)
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    logging.getLogger("shim").addHandler(Collect())
     pushes = [0]
     if hasattr(t, "_move_model_to_vllm"):  # counted here, outside the shim: the trainer's own pushes
         own_push = t._move_model_to_vllm  # bound through the class (and any wrapper on it)
@@ -385,6 +406,7 @@ def main():
                           if "shim.observe.events" in sys.modules else None),
         "verify": ({k: v for k, v in sys.modules["shim.verify.weights"].counts().items() if k != "times"}
                    if "shim.verify.weights" in sys.modules else None),
+        "shim_warnings": warnings,
         "events": [e["event"] for e in EVENTS if e["event"] in ("sleep", "wake_up", "generate", "reload_weights")],
         "sleep_levels": [e["level"] for e in EVENTS if e["event"] == "sleep"],
         "order": order,

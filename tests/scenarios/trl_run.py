@@ -145,8 +145,17 @@ def main():
     elif a.trainer == "online_dpo":
         cfg = mod.OnlineDPOConfig(per_device_train_batch_size=2, max_new_tokens=8, **common)
         tok = AutoTokenizer.from_pretrained(model_dir)
-        trainer = mod.OnlineDPOTrainer(model=model_dir, reward_funcs=reward_len, args=cfg, train_dataset=ds,
-                                       processing_class=tok)
+        extra = {}
+        if a.lora:  # as GRPO/RLOO below
+            import torch
+            from peft import LoraConfig
+            from transformers import AutoModelForCausalLM
+
+            extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                              target_modules=["q_proj", "v_proj", "embed_tokens"])
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16) if a.lora else model_dir
+        trainer = mod.OnlineDPOTrainer(model=model, reward_funcs=reward_len, args=cfg, train_dataset=ds,
+                                       processing_class=tok, **extra)
     else:
         Config = trl.GRPOConfig if a.trainer == "grpo" else trl.RLOOConfig
         Trainer = trl.GRPOTrainer if a.trainer == "grpo" else trl.RLOOTrainer
