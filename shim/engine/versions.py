@@ -26,3 +26,16 @@ def in_range(version: str, spec: str) -> bool:
     except InvalidVersion:
         return False
     return SpecifierSet(spec).contains(parsed, prereleases=True)
+
+
+_installed_in: dict = {}
+
+
+def installed_in(distribution: str, spec: str) -> bool:
+    """Whether the installed ``distribution`` is in ``spec`` (False when it is not installed); read once per
+    process and pair, for the wrappers that branch on it at every call."""
+    key = (distribution, spec)
+    if key not in _installed_in:
+        version = installed(distribution)
+        _installed_in[key] = bool(version) and in_range(version, spec)
+    return _installed_in[key]

@@ -84,17 +84,11 @@ def _calling(state):
         state.call = previous
 
 
-_RELEASES: list = []
-
-
 def _vllm_releases_before_wake() -> bool:
     """vLLM >= 0.30 runs gc + empty_cache before waking itself: no second collection."""
-    if not _RELEASES:
-        from shim.engine.versions import in_range, installed
+    from shim.engine.versions import installed_in
 
-        version = installed("vllm")
-        _RELEASES.append(bool(version) and in_range(version, ">=0.30.0"))
-    return _RELEASES[0]
+    return installed_in("vllm", ">=0.30.0")
 
 
 def _executor_asleep(engine) -> "bool | None":

@@ -33,17 +33,11 @@ def asleep_tags(obj) -> set:
     return tags if tags is not None else set(sleep_state.state_for(obj).asleep)
 
 
-_V031: list = []
-
-
 def executor_guards() -> bool:
     """vLLM >= 0.31: its executor guards a worker's wake and knows discarded tags (module doc)."""
-    if not _V031:
-        from shim.engine.versions import in_range, installed
+    from shim.engine.versions import installed_in
 
-        version = installed("vllm")
-        _V031.append(bool(version) and in_range(version, ">=0.31.0"))
-    return _V031[0]
+    return installed_in("vllm", ">=0.31.0")
 
 
 def sleep_refused(asleep) -> bool:
