@@ -101,7 +101,7 @@ def doctor(argv: list) -> int:
     _, trace_error = check_trace_path(os.environ.get(config.SHIM_TRACE, ""), config.SHIM_TRACE)
     bad += [trace_error] if trace_error else []
     off_all = config.problem(config.SHIM_DISABLED) is None and config.disabled()
-    off, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
+    off, unknown = config.disabled_patches(catalog.ids(), catalog.removed(), catalog.bugs())
     versions = {dist: installed(dist) for dist in DISTRIBUTIONS}
     print(f"python {sys.version.split()[0]}; " + "; ".join(
         f"{d} {v}" + (f" (device: {_device()})" if d == "torch" else "") for d, v in versions.items() if v))

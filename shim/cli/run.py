@@ -72,7 +72,7 @@ def run(argv: list, usage: str) -> int:
     os.environ.update(env)
     try:  # every switch of config.ALL, with the child's environment, before anything starts
         errors = config.problems()
-        _, unknown = config.disabled_patches(catalog.ids(), catalog.removed())
+        _, unknown = config.disabled_patches(catalog.ids(), catalog.removed(), catalog.bugs())
         reported = config.unknown_patches_reported()  # a launcher started by a launcher: warned already
     finally:
         os.environ.clear()
@@ -82,7 +82,7 @@ def run(argv: list, usage: str) -> int:
             fail(str(exc))
         return fail(str(errors[-1]))
     if unknown and not reported:  # said once here; COMMAND and its children see the marker and stay silent
-        print(f"shim: warning: {config.unknown_patches_warning(unknown, catalog.ids())}", file=sys.stderr)
+        print(f"shim: warning: {config.unknown_patches_warning(unknown, [*catalog.bugs(), *catalog.ids()])}", file=sys.stderr)
     if unknown:
         env[config.DISABLED_PATCHES_REPORTED] = env.get(config.SHIM_DISABLED_PATCHES, "")
     option = "--trace" if "--trace" in argv[:i] else config.SHIM_TRACE  # the path's origin, in the message

@@ -53,12 +53,32 @@ def _package():
 
 
 def index() -> tuple:
-    """``(id, patch module, upstream module)`` rows in registration order."""
+    """``(site id, patch module, upstream module, bug id)`` rows in registration order."""
     return _package().INDEX
 
 
 def ids() -> list:
     return [row[0] for row in index()]
+
+
+def bugs() -> dict:
+    """Bug id -> its site ids, in registration order (from INDEX: nothing imported)."""
+    out: dict = {}
+    for row in index():
+        out.setdefault(row[3], []).append(row[0])
+    return out
+
+
+def bug_of(site_id: str) -> str:
+    for row in index():
+        if row[0] == site_id:
+            return row[3]
+    raise LookupError(site_id)
+
+
+def bug_records() -> dict:
+    """Bug id -> its ``patches.bugs.Bug`` row (reference, problem, when, needs); imports that table only."""
+    return {bug.id: bug for bug in patch_module("bugs").BUGS}
 
 
 def removed() -> dict:
@@ -100,4 +120,5 @@ def entries() -> list:
     """One ``shim.engine.patch.Entry`` per INDEX row: id and hooked module now, the record on first use."""
     from shim.engine.patch import Entry
 
-    return [Entry(pid, target, lambda pid=pid, module=module: load_patch(pid, module)) for pid, module, target in index()]
+    return [Entry(pid, target, lambda pid=pid, module=module: load_patch(pid, module), bug)
+            for pid, module, target, bug in index()]

@@ -279,18 +279,38 @@ def device_check_every() -> int:
     return read(SHIM_DEVICE_CHECK_EVERY)
 
 
-def disabled_patches(known, removed=()) -> "tuple[frozenset, list]":
+def disabled_patches(known, removed=(), bugs=None) -> "tuple[frozenset, list]":
     """``(ids switched off, unknown ids)`` from SHIM_DISABLED_PATCHES (``*``: all of ``known``).
 
-    An id that is neither ``known`` nor ``removed`` (a patch deleted on schedule) is returned in
-    the second list for ONE warning; it never turns the shim off (patches are deleted on
-    schedule, and a user who once disabled one must keep every other fix after an upgrade)."""
-    raw = os.environ.get(SHIM_DISABLED_PATCHES, "")
-    items = [x.strip() for x in raw.split(",") if x.strip()]
+    ``bugs`` (bug id -> its site ids): a bug id turns off every site of that bug; a site id alone
+    still works (see :func:`site_aliases`). An id that is neither known, a bug, nor ``removed`` (a patch
+    deleted on schedule) is returned in the second list for ONE warning; it never turns the shim off
+    (patches are deleted on schedule, and a user who once disabled one must keep every other fix after
+    an upgrade)."""
+    items = disabled_items()
     if "*" in items:
         return frozenset(known), []
-    unknown = [x for x in items if x not in known and x not in removed]
-    return frozenset(x for x in items if x in known), unknown
+    bugs = bugs or {}
+    off = {x for x in items if x in known}
+    for x in items:
+        off.update(s for s in bugs.get(x, ()) if s in known)
+    unknown = [x for x in items if x not in known and x not in bugs and x not in removed]
+    return frozenset(off), unknown
+
+
+def disabled_items() -> list:
+    raw = os.environ.get(SHIM_DISABLED_PATCHES, "")
+    return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+def site_aliases(bugs: dict) -> list:
+    """``(site id, bug id)`` for each id of SHIM_DISABLED_PATCHES that is one site of a bug with several:
+    it turns off that site only (as before bugs were the unit); the bug id turns them all off."""
+    items = disabled_items()
+    if "*" in items:
+        return []
+    site_bug = {site: bug for bug, sites in bugs.items() if len(sites) > 1 for site in sites}
+    return [(x, site_bug[x]) for x in items if x in site_bug and x not in bugs and site_bug[x] not in items]
 
 
 def unknown_patches_warning(unknown: list, known) -> str:

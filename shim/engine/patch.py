@@ -1,4 +1,4 @@
-"""The ``Patch`` record (one upstream bug, one fix), the registry's ``Entry`` row and a ``Decision``.
+"""The ``Patch`` record (one site of an upstream bug), the registry's ``Entry`` row and a ``Decision``.
 
 A record says what it fixes (``issue``, ``distribution``, ``affected``, ``fixed_in``), what it is
 (``kind``: :data:`FIX` for an upstream bug, :data:`FEATURE` for something the shim adds, :data:`CHECK`
@@ -62,16 +62,18 @@ class Patch:
 
 
 class Entry:
-    """A registered patch: its id and hooked module, its record loaded on first use.
+    """A registered patch (one site of a bug): its id, hooked module and bug id, its record loaded on first use.
 
     ``load()`` returns the :class:`Patch` (imports its patch module). Start-up
     needs only ``id`` and ``module``; nothing of the patch is imported until the
     upstream module is."""
 
-    __slots__ = ("id", "module", "_load", "_patch")
+    __slots__ = ("id", "module", "bug", "_load", "_patch")
 
-    def __init__(self, id: str, module: str, load):
+    def __init__(self, id: str, module: str, load, bug: "str | None" = None):
         self.id, self.module, self._load, self._patch = id, module, load, None
+        self.bug = bug or id
+        """The upstream bug this site fixes (``patches/__init__.py`` INDEX, fourth column)."""
 
     @classmethod
     def of(cls, patch: Patch) -> "Entry":

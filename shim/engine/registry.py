@@ -90,7 +90,12 @@ def activate(items: list, known_removed: "dict | None" = None) -> bool:
             return False
         entries = [_entry(i) for i in items]
         ids = [e.id for e in entries]
-        off, unknown = config.disabled_patches(ids, known_removed or ())
+        bugs: dict = {}
+        for e in entries:
+            bugs.setdefault(e.bug, []).append(e.id)
+        off, unknown = config.disabled_patches(ids, known_removed or (), bugs)
+        aliases = config.site_aliases(bugs)
+        listed = config.disabled_items()
         _registry.active = True
         _registry.off_reason = ""
         _registry.deferred = []
@@ -102,12 +107,17 @@ def activate(items: list, known_removed: "dict | None" = None) -> bool:
             else:
                 _registry.decisions[entry.id] = Decision(WAITING, f"{entry.module} not imported")
                 pending.append((entry, WAITING))
+    for site, bug in aliases:  # a site id keeps working alone; the user hears how to turn the whole bug off
+        log.decision(f"{config.SHIM_DISABLED_PATCHES}: {site} is one site of bug {bug}; {bug} turns off all "
+                     f"{len(bugs[bug])} ({', '.join(bugs[bug])})")
     if unknown:  # the launcher warned already before COMMAND started: once per run, not once per process
-        (log.debug if config.unknown_patches_reported() else log.warning)(config.unknown_patches_warning(unknown, ids))
+        warn = log.debug if config.unknown_patches_reported() else log.warning
+        warn(config.unknown_patches_warning(unknown, list(dict.fromkeys([*bugs, *ids]))))
     try:
         for entry, state in pending:  # outside the lock: a hook may fire at once (module already imported)
             if state == DISABLED:
-                _decide(entry, DISABLED, f"listed in {config.SHIM_DISABLED_PATCHES}")
+                via = f"its bug {entry.bug} " if entry.id not in listed and entry.bug in listed else ""
+                _decide(entry, DISABLED, f"{via}listed in {config.SHIM_DISABLED_PATCHES}")
             else:
                 _register_hook(entry)
     finally:

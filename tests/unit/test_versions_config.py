@@ -54,6 +54,24 @@ def test_disabled_patches(monkeypatch):
     monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "zz, a, gone")  # unknown: reported, never an error
     assert config.disabled_patches(["a", "b"], removed={"gone": "removed in 0.2"}) == ({"a"}, ["zz"])
 
+
+def test_a_bug_id_turns_off_every_site_a_site_id_only_itself(monkeypatch):
+    """Issue 28 item 1: one id for one upstream bug (the allocator guard was three ids to find); a site's own id
+    keeps working as before (an INFO line names its bug), so nobody's disable list changes meaning."""
+    bugs = {"guard": ["guard", "guard-worker", "guard-npu"], "lone": ["lone"], "pair": ["pair-a", "pair-b"]}
+    known = ["guard", "guard-worker", "guard-npu", "lone", "pair-a", "pair-b"]
+    cases = {"guard": {"guard", "guard-worker", "guard-npu"}, "guard-worker": {"guard-worker"},
+             "pair": {"pair-a", "pair-b"}, "lone": {"lone"}, "pair-b, guard-npu": {"pair-b", "guard-npu"}}
+    for value, off in cases.items():
+        monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, value)
+        assert config.disabled_patches(known, (), bugs) == (off, []), value
+    assert config.site_aliases(bugs) == [("pair-b", "pair"), ("guard-npu", "guard")]
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "guard-worker, guard, lone, nope")
+    assert config.disabled_patches(known, (), bugs) == ({"guard", "guard-worker", "guard-npu", "lone"}, ["nope"])
+    assert config.site_aliases(bugs) == []  # its bug is listed too: nothing to tell
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "pair")
+    assert config.disabled_patches(known) == (set(), ["pair"])  # without the bug table a bug id is unknown
+
 @pytest.mark.parametrize("value,expected", [("", None), ("1", 1), (" 2 ", 2)])
 def test_sleep_level(monkeypatch, value, expected):
     monkeypatch.setenv(config.SHIM_SLEEP_LEVEL, value)
