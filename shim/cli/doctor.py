@@ -1,15 +1,15 @@
 """``python -m shim doctor``: versions, allocator settings and the known bugs of this environment, one screen.
 
-One row per upstream bug (records of one issue are one row), only for distributions installed here;
-the bugs of packages not installed are one line. Features and checks (``Patch.kind``) are listed in
-their own section and never make the exit status. Exit 1 for a bug that affects an installed
-release and is not fixed in every process (its patch disabled, the shim off, or the shim reaching
-neither every interpreter here nor this process and its children: :func:`_activation`), or for a
-switch with a bad value (``SHIM_*``: one line each, what the shim does instead); 0 otherwise.
+One row per upstream bug (``patches/bugs.py``; its sites are one row), only for distributions installed here;
+the bugs of packages not installed are one line. A bug that bites only with a feature of the run (LoRA,
+images, OnlineDPO, an MLA model, ...) or with a package not installed here is listed as "if you use X" and
+never makes the exit status: doctor cannot know the run will use it. Features and checks have their own
+section and never make the exit status. Exit 1 for a bug that hits every run of an installed release and is
+not fixed in every process (its patch disabled, the shim off, or the shim reaching neither every interpreter
+here nor this process and its children: :func:`_activation`), or for a switch with a bad value; 0 otherwise.
 
-Doctor judges the way it was started, as the training would be started the same way: under the
-launcher (``vllm-sleep-shim python -m shim doctor``, ``python -m shim python -m shim doctor``) every
-process is fixed, as it is with the ``.pth`` start-up line of ``python -m shim install``.
+Doctor judges the way it was started, as the training would be started the same way: under the launcher
+(``vllm-sleep-shim python -m shim doctor``) every process is fixed, as with ``python -m shim install``.
 """
 from __future__ import annotations
 
@@ -39,12 +39,28 @@ def _device() -> str:
     return memory.device_type() or "none"
 
 
-def _bugs(patches: list) -> list:
-    """``(issue, [records])`` per upstream bug, in registry order."""
-    by_issue: dict = {}
+def _bugs(patches: list, bug_of: dict) -> list:
+    """``(bug id, [its records among patches])`` per upstream bug, in registry order."""
+    by_bug: dict = {}
     for patch in patches:
-        by_issue.setdefault(patch.issue, []).append(patch)
-    return list(by_issue.items())
+        by_bug.setdefault(bug_of[patch.id], []).append(patch)
+    return list(by_bug.items())
+
+
+def _short(reference: str) -> str:
+    """``https://github.com/owner/repo/issues/N`` (or ``/pull/N``) -> ``owner/repo#N``."""
+    parts = reference.rstrip("/").split("/")
+    return f"{parts[-4]}/{parts[-3]}#{parts[-1]}" if len(parts) >= 5 and parts[-2] in ("issues", "pull") else reference
+
+
+_BITES_WITH_EXPANDABLE = ("vllm-sleep-guard",)
+"""Bugs whose feature doctor reads here: expandable segments in this environment's allocator setting."""
+WIDTH = 100
+
+
+def _fit(line: str) -> str:
+    """One row within :data:`WIDTH` columns (one screen, also in a narrow terminal)."""
+    return line if len(line) <= WIDTH else line[:WIDTH - 1] + "~"
 
 
 def _foreign_shim() -> "str | None":
@@ -111,6 +127,7 @@ def doctor(argv: list) -> int:
     routes = [f"{var}={os.environ[var]}" + ("  <- expandable segments ON" if alloc_guard.conf_expandable(os.environ[var])
                                                else "") for var in alloc_guard.ENV_VARS if var in os.environ]
     print(f"allocator: {'; '.join(routes) if routes else 'no PYTORCH_*_ALLOC_CONF set'}")
+    expandable = any(alloc_guard.conf_expandable(os.environ[var]) for var in alloc_guard.ENV_VARS if var in os.environ)
     for line in bad:
         print(f"BAD SWITCH: {line}")
     if unknown:
@@ -122,52 +139,61 @@ def doctor(argv: list) -> int:
     everywhere, line = _activation(off_all)
     print(f"activation: {line}" + (f"; {config.SHIM_DISABLED}=1: the shim is off" if off_all else ""))
     patches = catalog.all_patches()
+    bug_of = {row[0]: row[3] for row in catalog.index()}
+    bugs = catalog.bug_records()
     fixes = [p for p in patches if p.kind == FIX]
     here = [p for p in fixes if installed(p.distribution)]
     print("known bugs:")
-    unfixed = []
-    for issue, records in _bugs(here):
+    unfixed, later = [], []
+    for bug_id, records in _bugs(here, bug_of):
+        bug = bugs[bug_id]
         hit = [p for p in records if in_range(installed(p.distribution), p.affected)]
         dist = (hit or records)[0].distribution
+        where = f"{dist} {installed(dist)}" + (f"; {_short(bug.reference)}" if bug.reference else "")
         if not hit:
             fixed = [p.fixed_in for p in records if p.fixed_in]
-            print(f"  {issue:<36} not affected ({dist} {installed(dist)}"
-                  + (f"; fixed in {fixed[0]})" if fixed else ")"))
+            print(f"  {bug_id:<26} not affected ({where}" + (f"; fixed in {fixed[0]})" if fixed else ")"))
             continue
-        ids = ", ".join(p.id for p in hit)
         disabled = [p.id for p in hit if off_all or p.id in off]
+        why = config.SHIM_DISABLED if off_all else f"{', '.join(disabled)} disabled"
+        absent = [d for d in bug.needs if not installed(d)]
+        when = "" if bug_id in _BITES_WITH_EXPANDABLE and expandable else bug.when
+        if when or absent:  # bites only with a feature of the run, or a package not installed here: never exit 1
+            state = f"NOT fixed ({why})" if disabled else "fixed" if everywhere else "fixed*"
+            uses = " with ".join(([when] if when else []) + [f"{d} (not installed)" for d in absent])
+            later.append(_fit(f"  {bug_id:<26} if you use {uses}: {state}"))
+            continue
         if disabled:
-            why = config.SHIM_DISABLED if off_all else f"patch {', '.join(disabled)} disabled"
-            print(f"  {issue:<36} AFFECTED ({dist} {installed(dist)}); {why}")
-            unfixed.append(issue)
+            print(_fit(f"  {bug_id:<26} AFFECTED ({where}); {why}"))
+            unfixed.append(bug_id)
         elif everywhere:
-            print(f"  {issue:<36} affected ({dist} {installed(dist)}); fixed by {ids}")
+            print(_fit(f"  {bug_id:<26} affected ({where}); fixed"))
         else:
-            print(f"  {issue:<36} AFFECTED ({dist} {installed(dist)}); fixed by {ids} only where the shim runs")
-            unfixed.append(issue)
-    absent = {p.issue for p in fixes if not installed(p.distribution)}
+            print(_fit(f"  {bug_id:<26} AFFECTED ({where}); fixed only where the shim runs"))
+            unfixed.append(bug_id)
+    for line in later:
+        print(line)
+    if any(line.endswith("fixed*") for line in later):
+        print("  * where the shim runs: start training with `vllm-sleep-shim CMD` to reach every process")
+    absent = {bug_of[p.id] for p in fixes if not installed(p.distribution)} - {bug_of[p.id] for p in here}
     if absent:
-        dists = sorted({p.distribution for p in fixes if not installed(p.distribution)})
+        dists = sorted({p.distribution for p in fixes if not installed(p.distribution) and bug_of[p.id] in absent})
         print(f"  {len(absent)} known bugs of packages not installed here ({', '.join(dists)})")
     extras = [p for p in patches if p.kind != FIX and installed(p.distribution)
               and in_range(installed(p.distribution), p.affected)]
     if extras:
         print("features and checks:")
-    for issue, records in _bugs(extras):  # one row per feature (its records for this release)
-        ids = ", ".join(p.id for p in records)
+    for bug_id, records in _bugs(extras, bug_of):  # one row per feature or check (its records for this release)
         patch = records[0]
         if off_all or all(p.id in off for p in records):
             state = "off (disabled)"
         elif patch.switch and config.problem(patch.switch):
-            state = f"off ({patch.switch} has a bad value, see above)"
+            state = "off (bad value, see above)"
         elif patch.switch and not config.switched_on(patch.switch):
-            state = f"off (set {patch.switch}=1 to turn it on)"
+            state = f"off ({patch.switch}=1: on)"
         else:
-            state = f"on ({everywhere})" if everywhere else "on where the shim runs"
-        if len(records) == 1:
-            print(f"  {ids:<36} {state}: {patch.summary}")
-        else:
-            print(f"  {patch.issue:<36} {state} ({ids})")
+            state = "on" if everywhere else "on where it runs"
+        print(_fit(f"  {bug_id:<26} {state}: {bugs[bug_id].problem}"))
     if bad:
         print(f"doctor: {len(bad)} switch(es) with a bad value (see BAD SWITCH above): fix them, "
               "`vllm-sleep-shim` refuses to start with them (exit 2)")

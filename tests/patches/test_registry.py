@@ -24,7 +24,7 @@ def test_every_patch_module_has_a_contract_test_file_and_a_target():
 
 
 def test_importing_the_patch_package_imports_no_patch_module():
-    from tests.support.helpers import clean_env, run_python
+    from tests.support.helpers import run_python
 
     proc = run_python("import sys, shim.auto\nprint(sorted(m for m in sys.modules if m.startswith('shim.patches.')))")
     assert proc.stdout.strip() == "[]"

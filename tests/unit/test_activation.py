@@ -213,9 +213,10 @@ def test_status_when_disabled_says_so():
 
 
 def test_doctor_affected_trl_without_always_on_exits_1():
+    from tests.support import stand_in
     from tests.support.envs import trl_path
 
-    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(trl_path("1.9.2"))]))
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(trl_path("1.9.2")), str(stand_in.site())]))
     proc = subprocess.run([sys.executable, "-m", "shim", "doctor"], env=env, capture_output=True, text=True, cwd=str(REPO))
     assert proc.returncode == 1, proc.stdout
     assert "huggingface/trl#5312" in proc.stdout and "AFFECTED" in proc.stdout and "not always on" in proc.stdout
