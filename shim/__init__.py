@@ -57,6 +57,19 @@ def activate(*, reach_children: bool = True) -> bool:
     return active
 
 
+def decisions() -> list:
+    """What the shim decided in this process, for a training script or a callback to read or log: one dict
+    per site (one hooked module and release range of a bug), the keys of ``python -m shim status --json``:
+    ``id``, ``bug``, ``reference``, ``kind``, ``distribution``, ``installed``, ``affected``, ``decision``
+    (``applied``, ``stand down``, ``waiting``, ``disabled``, ``failed``, ``requested, not running``),
+    ``reason`` and ``acted`` (how many times its wrappers ran here). Imports every patch record (not the
+    upstream modules): call it after start-up, e.g.
+    ``[d["bug"] for d in shim.decisions() if d["decision"] == "applied" and d["acted"]]``."""
+    from shim.cli.status import KEYS, site_rows
+
+    return [{k: r[k] for k in KEYS} for r in site_rows()]
+
+
 def bootstrap_dir() -> str:
     """The directory holding only the bootstrap ``sitecustomize.py`` (``shim/_bootstrap``)."""
     import os

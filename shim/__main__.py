@@ -5,7 +5,7 @@ import sys
 
 USAGE = """usage:
     python -m shim [OPTIONS] [--] COMMAND [ARGS...]   run COMMAND (and every process it starts) with the shim
-    python -m shim status [--all] [--json] [--import] one row per patch installed here and its decision
+    python -m shim status [--all] [--json] [--import] one row per bug installed here and its decision
     python -m shim doctor                              versions, allocator settings, known bugs
     python -m shim install | uninstall                 always on / off for this environment
     python -m shim report TRACE... [--plot OUT.png]    sleep/wake table per process and run from SHIM_TRACE files

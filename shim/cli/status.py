@@ -1,5 +1,6 @@
-"""``python -m shim status``: one row per patch of the distributions installed here and its decision in
-this environment, within 100 columns; ``--all`` every patch, ``--json`` every patch for machines."""
+"""``python -m shim status``: one row per upstream bug of the distributions installed here and what the shim
+decided for it in this environment (the site that decided, where the bug has several), within 100 columns;
+``--all`` every bug, ``--json`` every site for machines (with its bug id and the bug's reference)."""
 from __future__ import annotations
 
 import importlib
@@ -13,8 +14,10 @@ from shim.engine.versions import installed
 WIDTH = 100
 """The text view fits a terminal of this many columns (``--json`` is for machines and has every row)."""
 
-COLUMNS = [("id", "id", None), ("distribution ", "distribution", 12), ("affected", "affected", 12),
+COLUMNS = [("bug", "bug", None), ("distribution ", "distribution", 12), ("affected", "affected", 12),
            ("decision ", "decision", None)]
+_RANK = ("failed", "requested, not running", "applied", "waiting", "disabled", "stand down")
+"""Which site speaks for its bug: a failure first, then what acts, then what waits, then what does not."""
 
 
 def status(argv: list) -> int:
@@ -29,8 +32,25 @@ def status(argv: list) -> int:
         shim.activate()
     except config.ConfigError as exc:  # SHIM_STRICT=1
         return fail(str(exc))
+    rows = site_rows(import_modules="--import" in argv)
+    if "--json" in argv:  # every row, whatever is installed: the keys machines read
+        print(json.dumps([{k: r[k] for k in KEYS} for r in rows], indent=2))
+        return 0
+    print(text(rows, everything="--all" in argv))
+    return 0
+
+
+KEYS = ("id", "bug", "reference", "kind", "distribution", "installed", "affected", "decision", "reason", "acted")
+"""The keys of one site's row (``--json``, :func:`shim.decisions`)."""
+
+
+def site_rows(import_modules: bool = False) -> list:
+    """One dict per site (every record), with the decision in this process: :data:`KEYS` and a few more.
+    ``import_modules``: import each installed distribution's hooked module first (``--import``)."""
+    import shim
+
     patches = catalog.all_patches()
-    if "--import" in argv and shim.is_active():
+    if import_modules and shim.is_active():
         for patch in patches:
             if installed(patch.distribution) is None:
                 continue
@@ -39,6 +59,10 @@ def status(argv: list) -> int:
             except Exception as exc:  # the row says why the hook never ran
                 registry._decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
     rows = registry.status_rows(patches)
+    bug_of = {row[0]: row[3] for row in catalog.index()}
+    references = {bug.id: bug.reference for bug in catalog.bug_records().values()}
+    for r in rows:
+        r["bug"], r["reference"] = bug_of[r["id"]], references[bug_of[r["id"]]]
     from shim.verify import weights as verify
 
     decisions = registry.decisions()
@@ -46,36 +70,51 @@ def status(argv: list) -> int:
         why = verify.not_running_reason(r["id"], decisions)
         if why:
             r["decision"], r["reason"] = "requested, not running", why
-    if "--json" in argv:  # every row, whatever is installed: the keys machines read
-        print(json.dumps([{k: r[k] for k in ("id", "kind", "distribution", "installed", "affected", "decision", "reason", "acted")} for r in rows], indent=2))
-        return 0
-    print(text(rows, everything="--all" in argv))
-    return 0
+    return rows
 
 
 def text(rows: list, everything: bool = False, width: int = WIDTH) -> str:
-    """The rows of the distributions installed here (``everything``: all of them) as a table of at most
-    ``width`` columns, then one line counting the rows left out and naming their distributions."""
+    """One line per bug of the distributions installed here (``everything``: every bug) as a table of at
+    most ``width`` columns, then one line counting the bugs left out and naming their distributions."""
     shown = rows if everything else [r for r in rows if r["installed"]]
-    hidden = [] if everything else [r for r in rows if not r["installed"]]
+    bugs: dict = {}
     for r in shown:
-        r["distribution "] = f"{r['distribution']} {r['installed']}" if r["installed"] else r["distribution"]  # + version
-        r["decision "] = registry.decision_text(r)
-        short = {f"{r['distribution']} not installed": "not installed",  # said by the columns beside it
-                 f"version not in {r['affected']}": "not affected"}.get(r["reason"] or "")
-        if short and not r.get("acted"):
-            r["decision "] = f"{r['decision']}: {short}"
-    lines = [fitted_table(shown, COLUMNS, width)] if shown else []
+        bugs.setdefault(r["bug"], []).append(r)
+    hidden = [] if everything else [r for r in rows if r["bug"] not in bugs]
+    lines_rows = [_bug_row(bug, sites) for bug, sites in bugs.items()]
+    lines = [fitted_table(lines_rows, COLUMNS, width)] if lines_rows else []
     if hidden:
         lines.append(_hidden_line(hidden, bool(shown), width))
     return "\n".join(lines)
 
 
+def _bug_row(bug: str, sites: list) -> dict:
+    """The row of ``bug``: the site that speaks for it (:data:`_RANK`), its decision, and which site that is
+    where the bug has several here (``[vllm-worker-sleep-guard]``; ``[2 sites]`` when more than one applied)."""
+    site = min(sites, key=lambda r: (_RANK.index(r["decision"]) if r["decision"] in _RANK else 0, -r.get("acted", 0)))
+    row = dict(site, bug=bug)
+    row["distribution "] = f"{site['distribution']} {site['installed']}" if site["installed"] else site["distribution"]
+    decision = registry.decision_text(site)
+    short = {f"{site['distribution']} not installed": "not installed",  # said by the columns beside it
+             f"version not in {site['affected']}": "not affected"}.get(site["reason"] or "")
+    if short and not site.get("acted"):
+        decision = f"{site['decision']}: {short}"
+    applied = [r for r in sites if r["decision"] == "applied"]
+    if len(applied) > 1 and site["decision"] == "applied":
+        decision += f" [{len(applied)} sites]"
+    elif len(sites) > 1 and site["id"] != bug and site["decision"] not in ("stand down", "waiting"):
+        decision += f" [{site['id']}]"
+    row["decision "] = decision
+    return row
+
+
 def _hidden_line(hidden: list, some_shown: bool, width: int) -> str:
-    """``N more for distributions not installed here (trl, ms-swift, ...): python -m shim status --all``,
+    """``N more bugs for distributions not installed here (trl, ms-swift, ...): python -m shim status --all``,
     naming as many of those distributions as ``width`` allows."""
     names = list(dict.fromkeys(r["distribution"] for r in hidden))
-    head = f"{len(hidden)} {'more' if some_shown else 'patches'} for distributions not installed here ("
+    count = len(dict.fromkeys(r["bug"] for r in hidden))
+    head = f"{count} more bugs for distributions not installed here (" if some_shown else \
+        f"{count} bugs for distributions not installed here ("
     tail = "): python -m shim status --all"
     n = len(names)
     while n > 1 and len(head + ", ".join(names[:n]) + (", ..." if n < len(names) else "") + tail) > width:

@@ -47,11 +47,42 @@ def test_default_view_is_what_is_installed_here_within_100_columns():
     assert absent and not any(r["distribution"] == "vllm" for r in absent)
     out = shim_status(path=[site]).splitlines()
     assert max(map(len, out)) <= 100, out
-    ids = {line.split()[0] for line in out[1:-1] if line[:1].strip()}
-    assert ids == {r["id"] for r in rows if r["installed"]} and "vllm-sleep-guard" in ids, out
-    assert out[-1].startswith(f"{len(absent)} more for distributions not installed here (trl, ms-swift, ")
+    bugs = [line.split()[0] for line in out[1:-1] if line[:1].strip()]
+    assert out[0].split()[0] == "bug" and len(bugs) == len(set(bugs)), out  # issue 28: one row per bug
+    assert set(bugs) == {r["bug"] for r in rows if r["installed"]} and "vllm-sleep-guard" in bugs, out
+    hidden = {r["bug"] for r in absent} - set(bugs)
+    assert out[-1].startswith(f"{len(hidden)} more bugs for distributions not installed here (trl, ms-swift, ")
     assert out[-1].endswith("): python -m shim status --all"), out[-1]
     assert "vllm" not in out[-1].split("(")[1].split(")")[0].split(", "), out[-1]  # installed: not counted
     full = shim_status("--all", path=[site]).splitlines()
     assert max(map(len, full)) <= 100, full
-    assert {line.split()[0] for line in full[1:] if line[:1].strip()} == {r["id"] for r in rows}
+    assert {line.split()[0] for line in full[1:] if line[:1].strip()} == {r["bug"] for r in rows}
+    guard = [r for r in rows if r["bug"] == "vllm-sleep-guard"]  # --json: every site, with its bug's reference
+    assert [r["id"] for r in guard] == ["vllm-sleep-guard", "vllm-worker-sleep-guard", "vllm-ascend-worker-sleep-guard"]
+    assert {r["reference"] for r in guard} == {"https://github.com/modelscope/ms-swift/issues/6636"}
+
+
+def test_a_bug_row_names_the_site_that_acted():
+    """Issue 28 item 1: one row per bug, and the site that decided where the bug has several (TRL 1.9.2: the
+    LoRA merge drift is fixed by its 0.28-1.10 site; the allocator guard applied on two of its three sites)."""
+    out = shim_status("--import", path=[str(trl_path("1.9.2")), stand_in.site()])
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line[:1].strip()}
+    assert rows["trl-lora-merge-drift"].rstrip().endswith("applied [trl-lora-merge-drift-sync]"), out
+    assert rows["vllm-sleep-guard"].rstrip().endswith("applied [2 sites]"), out
+    assert rows["trl-stale-weights"].rstrip().endswith("applied"), out
+
+
+def test_decisions_read_from_inside_a_job():
+    """Issue 29 item 5: a training script reads the shim's decisions through one documented function
+    (``shim.decisions()``) instead of ``shim/cli/status.py``: the same rows as ``status --json``, this process's."""
+    from tests.support.helpers import run_python
+
+    code = ("import json, shim.auto, shim\nimport vllm.v1.engine.llm_engine\n"
+            "print(json.dumps(shim.decisions()))")
+    proc = run_python(code, path=[stand_in.site()], env=clean_env(SHIM_DISABLED_PATCHES="vllm-prefix-reset-check"))
+    rows = {r["id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    assert rows["vllm-sleep-guard"]["decision"] == "applied" and rows["vllm-sleep-guard"]["bug"] == "vllm-sleep-guard"
+    assert rows["vllm-prefix-reset-check"]["decision"] == "disabled", rows["vllm-prefix-reset-check"]
+    assert rows["trl-stale-weights"]["decision"] == "stand down", rows["trl-stale-weights"]  # TRL not installed here
+    assert set(rows["vllm-sleep-guard"]) == {"id", "bug", "reference", "kind", "distribution", "installed", "affected",
+                                             "decision", "reason", "acted"}
