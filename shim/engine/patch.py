@@ -5,8 +5,8 @@ A record says what it fixes (``issue``, ``distribution``, ``affected``, ``fixed_
 for a check that reports and changes nothing), how it is applied (``module``, ``apply``, ``probe``)
 and, for a feature that needs turning on, its ``switch`` (an environment variable); where the
 generated contract tests it (``tested_at``: the test environment kind and release,
-e.g. ``("trl", "1.9.2")``). ``python -m shim status``, ``doctor`` and the README's patch table
-(``python -m shim.cli.table``) are all read from these records.
+e.g. ``("trl", "1.9.2")``). Its bug (``patches/bugs.py``) is named by its ``INDEX`` row. ``python -m shim
+status``, ``doctor`` and the bug table (docs/bugs.md, ``python -m shim.cli.table``) are read from these records.
 """
 from __future__ import annotations
 

@@ -39,3 +39,55 @@ def test_write_to_a_file_without_markers_is_one_line_and_exit_1(tmp_path):
                           text=True, cwd=str(REPO))
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "no bug table markers" in proc.stderr
     assert target.read_text() == "no table here\n"  # nothing lost
+
+
+README = REPO / "README.md"
+
+
+def test_readme_is_short_and_names_every_switch_option_and_file_it_links():
+    """Issue 29 item 5: at most 150 lines for a user; every switch (``--verify-weights`` was in ``--help`` only) and
+    every launcher option in it; every file it links exists."""
+    import re
+
+    from shim.cli import run
+    from shim.engine import config
+
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150, len(text.splitlines())
+    missing = [name for name in config.ALL if f"`{name}`" not in text]
+    missing += [opt for opt in [*run._RUN_OPTIONS, *run._RUN_FLAGS] if opt not in text]
+    assert not missing, missing
+    links = [link for link in re.findall(r"\]\(([^)#\s]+)\)", text) if "://" not in link]
+    assert links and all((REPO / link).exists() for link in links), [x for x in links if not (REPO / x).exists()]
+
+
+def _readme_commands() -> list:
+    """The shim's own commands in the README's shell blocks (the install and demo lines run elsewhere: the demo
+    in the examples' test)."""
+    blocks = README.read_text().split("```bash\n")[1:]
+    lines = [line.split("#")[0].strip() for block in blocks for line in block.split("```")[0].splitlines()]
+    return [line for line in lines if line.startswith(("python -m shim", "vllm-sleep-shim python -m shim"))]
+
+
+def test_readme_commands_run_as_written(tmp_path):
+    """Each ``python -m shim ...`` / ``vllm-sleep-shim python -m shim ...`` line of the README runs as written (the
+    console script and ``python`` from this environment's bin) on TRL 1.9.2 and the vLLM stand-in, and exits 0:
+    doctor under the launcher included (it exited 1 there before issue 29)."""
+    import os
+    import shlex
+    import shutil
+
+    from tests.support import stand_in
+    from tests.support.envs import trl_path
+    from tests.support.helpers import clean_env
+
+    commands = _readme_commands()
+    assert any("doctor" in c for c in commands) and any("status" in c for c in commands), commands
+    bin_dir = os.path.dirname(sys.executable)
+    assert shutil.which("vllm-sleep-shim", path=bin_dir), "the console script the README spells"
+    (tmp_path / "python").symlink_to(sys.executable)  # `python` as the README writes it, this interpreter
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(trl_path("1.9.2")), stand_in.site()]))
+    env["PATH"] = os.pathsep.join([str(tmp_path), bin_dir, env.get("PATH", "")])
+    for command in commands:
+        proc = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=str(REPO), env=env, timeout=300)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-2000:])
