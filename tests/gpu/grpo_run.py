@@ -2,7 +2,7 @@
 
     python tests/gpu/grpo_run.py --model DIR --out RUN.json [--sleep on|off] [--shim on|off]
         [--steps 6] [--lr 3e-3] [--observe] [--engine-kw JSON] [--after MARKER ...]
-        [--barrier DIR:NAME:N] [--trace TRACE.jsonl] [--need-s 90]
+        [--barrier DIR:NAME:N] [--trace TRACE.jsonl] [--need-s 90] [--lora] [--drop NAME]
 
 TRL is whatever release is first on PYTHONPATH (one folder per version); vLLM
 is the real one (or tests/fakevllm, to debug this script on CPU). ``--shim on``
@@ -21,6 +21,13 @@ vLLM. ``--engine-kw`` adds keyword arguments to the ``LLM(...)`` TRL builds
 (defaults only: a keyword TRL passes wins), e.g. ``enforce_eager`` and
 ``kv_cache_memory_bytes`` so several runs can share one GPU without vLLM's
 memory profiler seeing each other.
+
+``--lora`` (issue 30 item 2): the bf16 model wrapped by TRL in a PEFT LoRA (rank 4 on ``q_proj``/``v_proj``,
+non-zero from the start); the summary gets ``base_changed_elements``, the frozen base's elements that differ
+from the checkpoint after training (upstream's in-place merge/unmerge drifts them; the shim's
+``trl-lora-merge-drift`` keeps them). ``--drop NAME``: a fault, every push into the engine silently leaves
+out the tensors whose name contains NAME (the engine model's ``load_weights``, in-process engine), which
+weight verification (``SHIM_VERIFY_WEIGHTS=1``) must report as stale.
 """
 from __future__ import annotations
 
@@ -57,6 +64,8 @@ def parse(argv=None):
     p.add_argument("--barrier", default="", help="DIR:NAME:N: wait for N processes after CUDA init")
     p.add_argument("--trace", default="", help="SHIM_TRACE path (set before the shim is imported)")
     p.add_argument("--need-s", type=float, default=90.0, help="seconds this run needs (deadline check)")
+    p.add_argument("--lora", action="store_true", help="PEFT LoRA (rank 4, q_proj/v_proj) on the bf16 model")
+    p.add_argument("--drop", default="", help="fault: every push leaves out the tensors whose name contains this")
     a = p.parse_args(argv)
     try:
         a.engine_kw = json.loads(a.engine_kw)
@@ -84,6 +93,7 @@ class Recorder:
         self.pushes = []
         self.step_times = []
         self.engine_init = {}
+        self.dropped = 0
 
     # -- vllm.LLM ------------------------------------------------------------
     def install_llm(self, LLM):
@@ -101,6 +111,8 @@ class Recorder:
             rec.engine_init["seconds"] = time.perf_counter() - t
             rec.engine_init["took_bytes"] = (free0 - _free()) if free0 is not None else None
             rec.engine_init["pool_bytes"] = _pool_usage()
+            if rec.args.drop:
+                rec.install_drop(self)
 
         def generate(self, *a, **kw):
             rec.generate_calls += 1
@@ -130,6 +142,23 @@ class Recorder:
 
         LLM.__init__, LLM.generate, LLM.sleep, LLM.wake_up, LLM.collective_rpc = (
             __init__, generate, sleep, wake_up, collective_rpc)
+
+    def install_drop(self, llm):
+        """The ``--drop`` fault on this engine's model (in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+        model = common.engine_model(llm)
+        original, drop, rec = model.load_weights, self.args.drop, self
+        rec.dropped = 0
+
+        def load_weights(weights, *a, **kw):
+            def kept():
+                for name, w in weights:
+                    if drop in name:
+                        rec.dropped += 1
+                        continue
+                    yield name, w
+            return original(kept(), *a, **kw)
+
+        model.load_weights = load_weights
 
     def install_trl(self):
         try:
@@ -250,7 +279,26 @@ def summarize(rec: Recorder, trainer, args, t_start) -> dict:
         "logp_diff": [m.get("sampling/sampling_logp_difference/mean") for m in metrics],
         "wall_s": time.time() - t_start,
         "env": common.env_info(),
+        "lora": args.lora, "drop": args.drop, "dropped_tensors": rec.dropped,
+        "base_changed_elements": _base_changed(trainer, args.model) if args.lora else None,
     }
+
+
+def _base_changed(trainer, model_dir) -> int:
+    """Elements of the LoRA model's frozen base (``base_layer`` and untargeted weights) that differ from the
+    checkpoint, bit for bit (bf16)."""
+    base = {}
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            continue
+        base[name.replace("base_model.model.", "").replace(".base_layer", "")] = param.detach()
+    ckpt = common.load_checkpoint(model_dir, device=str(next(iter(base.values())).device))
+    changed = 0
+    for name, tensor in base.items():
+        if name in ckpt:
+            changed += int((tensor.to(ckpt[name].dtype) != ckpt[name]).sum())
+    return changed
 
 
 def main(argv=None) -> int:
@@ -311,8 +359,16 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
             rec.step_times.append(time.perf_counter() - self.t)
 
-    trainer = trl.GRPOTrainer(model=args.model, reward_funcs=reward_len, args=cfg, train_dataset=ds,
-                              callbacks=[Timer()])
+    extra, model = {}, args.model
+    if args.lora:
+        from peft import LoraConfig
+        from transformers import AutoModelForCausalLM
+
+        extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                          target_modules=["q_proj", "v_proj"])
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_len, args=cfg, train_dataset=ds,
+                              callbacks=[Timer()], **extra)
     rec.trainer = trainer
     trainer.train()
     summary = summarize(rec, trainer, args, t_start)

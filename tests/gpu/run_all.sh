@@ -14,7 +14,8 @@
 #   1. bench/gpu_trl_5312.py    5 GRPO runs one by one, tiny model (#5312 with/without shim, TRL 1.10.0)
 #   2. bench/gpu_step_cost.py   3 GRPO runs one by one, wide model (s/step, sleep/wake as TRL drives it)
 #   3. bench/gpu_sleep_memory.py 6 engines one by one, wide model (freed vs pool, routes, graphs, timing)
-#   4. bench/gpu_verify_weights.py, bench/gpu_shim_time.py, bench/gpu_log_volume.py (PHASES verify shimtime logs)
+#   4. bench/gpu_verify_weights.py, bench/gpu_shim_time.py, bench/gpu_trl_lora.py, bench/gpu_log_volume.py
+#      (PHASES verify shimtime lora logs; lora: TRL 1.16.0 + PEFT LoRA, the wheel trl-1.16.0 in $VKP)
 #   5. pytest tests/gpu on the results; then examples/trl_grpo_colocate.py if time is left
 # Runs that could not finish before BUDGET_S (default 520 s after start) are skipped and say so.
 # Knobs: PHASES ("trl5312 cost sleep"; also verify, shimtime, logs), SLEEP_ONLY (configs of the sleep phase), COST_ARGS (e.g. "--with-trl-only --with-bug"), RUN_EXAMPLE (1),
@@ -64,6 +65,12 @@ for v in 1.9.2 1.10.0; do
   eval "TRLDIR_${v//./_}=$dir"
 done
 TRLARGS=(--trl-path "1.9.2=$TRLDIR_1_9_2" --trl-path "1.10.0=$TRLDIR_1_10_0")
+# TRL 1.16.0 for the lora phase (its wheel beside the bundle's parts; the machine has peft)
+TRLDIR_1_16_0=${TRL_1_16_0:-/tmp/trl-1.16.0}
+if [[ " ${PHASES:-} " == *" lora "* ]] && [ ! -f "$TRLDIR_1_16_0/trl/__init__.py" ]; then
+  python3 -m pip install -q --no-deps --no-index --target "$TRLDIR_1_16_0" "$VKP/trl-1.16.0-py3-none-any.whl" \
+    || { el "cannot install TRL 1.16.0 from $VKP"; exit 1; }
+fi
 cd "$REPO" || exit 1
 el "repo $REPO, out $OUT, budget ${BUDGET_S}s"
 reason=$(python3 -c "from tests.gpu import common; print(common.skip_reason() or '')")
@@ -91,7 +98,7 @@ EOF
 # markers every GPU process holds one device lock (tests/gpu/devlock.py, $SHIM_GPU_LOCK) from before
 # its first device work to its exit; its events file gives the device order printed at the end.
 PHASES=" ${PHASES:-trl5312 cost sleep} "
-rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done "$W"/T.done "$W"/L.done
+rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done "$W"/T.done "$W"/R.done "$W"/L.done
 rm -f "$W"/bench_*.txt  # (printed at the end: none left from an earlier call's phases)
 export SHIM_GPU_LOCK="$W/device.lock"
 rm -f "$SHIM_GPU_LOCK.events"
@@ -138,6 +145,12 @@ if [[ $PHASES == *" shimtime "* ]]; then
     --cycles "${CYCLES_TIME:-20}" --out "$OUT/gpu_shim_time.json"
   AFTER+=("$W/T.done")
 else skip shimtime T.done; fi
+if [[ $PHASES == *" lora "* ]]; then
+  launch lora bench_lora.txt - python3 bench/gpu_trl_lora.py --trl-path "1.16.0=$TRLDIR_1_16_0" --model "$W/tiny" \
+    --workdir "$W/lora" --after "${AFTER[@]}" --steps "${STEPS_LORA:-6}" --out "$OUT/gpu_trl_lora.json" \
+    --done "$W/R.done"
+  AFTER+=("$W/R.done")
+else skip lora R.done; fi
 if [[ $PHASES == *" logs "* ]]; then
   launch logs bench_logs.txt - python3 bench/gpu_log_volume.py "${TRLARGS[@]}" --model "$W/wide" --workdir "$W/logs" \
     --after "${AFTER[@]}" --steps "${STEPS_LOGS:-100}" --out "$OUT/gpu_log_volume.json" --done "$W/L.done"
@@ -157,7 +170,7 @@ if [ -f "$SHIM_GPU_LOCK.events" ]; then
   python3 -m tests.gpu.devlock "$SHIM_GPU_LOCK.events"
   el "device overlap check exit $?"
 fi
-for f in bench_trl5312 bench_cost bench_sleep bench_verify bench_shimtime bench_logs; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
+for f in bench_trl5312 bench_cost bench_sleep bench_verify bench_shimtime bench_lora bench_logs; do [ -f "$W/$f.txt" ] && { el "==== $f"; cat "$W/$f.txt"; }; done
 
 # ---- 4. tests on the results, example, logs --------------------------------------------------
 el "pytest tests/gpu on the results"
