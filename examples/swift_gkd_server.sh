@@ -5,7 +5,7 @@
 # --teacher_deepspeed zero3, rollouts from a vLLM server (server mode), 8 GPUs of 80 GB.
 # Without the shim, ms-swift >= 3.10.1 loads the 235B teacher WHOLE onto every rank
 # (transformers' global DeepSpeed config is the student's ZeRO-2) and dies at ~31% of
-# the checkpoint. With `python -m shim` in front:
+# the checkpoint. With `vllm-sleep-shim` in front:
 #   - before any teacher weight is read, a preflight computes from the teacher's
 #     config.json the bytes each rank will hold (~236e9 params x 2 bytes = 471 GB,
 #     / 8 ranks = 59 GB) and checks them against the GPU's free memory; if they do not
@@ -27,10 +27,10 @@ set -euo pipefail
 VLLM_HOST=${VLLM_HOST:-127.0.0.1}
 VLLM_PORT=${VLLM_PORT:-8000}
 
-# 2) Training: 8 ranks. `python -m shim` reaches the `swift` launcher, torchrun and every rank
+# 2) Training: 8 ranks. `vllm-sleep-shim` reaches the `swift` launcher, torchrun and every rank
 #    (PYTHONPATH sitecustomize; it chains to your own sitecustomize if you have one).
 NPROC_PER_NODE=${NPROC_PER_NODE:-8} \
-python -m shim swift rlhf \
+vllm-sleep-shim swift rlhf \
     --rlhf_type gkd \
     --model Qwen/Qwen3-VL-8B-Instruct \
     --teacher_model Qwen/Qwen3-VL-235B-A22B-Instruct \

@@ -4,11 +4,12 @@
 # On 8 Ascend NPUs with ms-swift 3.10.0 and PYTORCH_NPU_ALLOC_CONF=expandable_segments:True every
 # rank's first sleep freed 0.00 GiB ("Sleep mode freed 0.00 GiB memory, 23.66 GiB memory is still in
 # use", in under a millisecond): the engine's memory never went into vLLM's sleep pool. Prefixed with
-# `python -m shim`, the shim is active in the swift launcher, the torchrun agent and every rank: the
+# `vllm-sleep-shim`, the shim is active in the swift launcher, the torchrun agent and every rank: the
 # engine is built with expandable segments off (your setting comes back for training), each sleep is
-# verified (one INFO line per sleep with the GiB actually freed, a WARNING when a sleep frees less
-# than half of what the pool tracks), and after a level-2 sleep the trained weights are pushed before
-# every rollout. SHIM_TRACE collects every rank's sleep/wake events; `python -m shim report` sums them.
+# verified (the GiB actually freed: the first sleep at INFO, every sleep in SHIM_TRACE and the
+# summary; a WARNING when a sleep frees less than half of what the pool tracks), and after a level-2
+# sleep the trained weights are pushed before every rollout. SHIM_TRACE collects every rank's
+# sleep/wake events; `vllm-sleep-shim report` sums them.
 #
 # Works the same on CUDA GPUs (set PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF instead). Adjust
 # MODEL, DATASET and the parallel sizes to your machine.
@@ -20,7 +21,7 @@ export NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 export PYTORCH_NPU_ALLOC_CONF=${PYTORCH_NPU_ALLOC_CONF:-expandable_segments:True}
 export SHIM_TRACE=${SHIM_TRACE:-shim_trace.jsonl}
 
-python -m shim swift rlhf \
+vllm-sleep-shim swift rlhf \
     --rlhf_type grpo \
     --model "$MODEL" \
     --dataset "$DATASET" \
@@ -37,4 +38,4 @@ python -m shim swift rlhf \
     --max_completion_length 1024 \
     --output_dir output/grpo_shim
 
-python -m shim report "$SHIM_TRACE"
+vllm-sleep-shim report "$SHIM_TRACE"

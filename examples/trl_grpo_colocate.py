@@ -13,7 +13,10 @@ It prints TRL's own ``sampling/sampling_logp_difference/mean`` (how far the
 rollout engine's log-probs are from the trainer's: ~0 when vLLM samples from
 the trained weights) per step, the reward, and at how many rollouts the vLLM
 engine held the trainer's current weights (compared parameter by parameter right
-before vLLM samples). The CPU version of this demo is examples/trl_grpo_sleep_demo.py.
+before vLLM samples), then a verdict: exit 0 when every run finished and the shim's
+run sampled every rollout from the trained weights, else 1. The CPU version of this
+demo is examples/trl_grpo_sleep_demo.py; CI also runs this file on the CPU stand-in
+(``--pythonpath tests/fakevllm --trl-path .envs/trl-1.9.2 --steps 2``).
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--workdir", default="", help="where runs write (default: a temporary folder)")
     p.add_argument("--parallel", action="store_true", help="the three runs on the GPU at once (fragile)")
-    p.add_argument("--pythonpath", action="append", default=[], help=argparse.SUPPRESS)  # tests/fakevllm on CPU
+    p.add_argument("--pythonpath", action="append", default=[],
+                   help="put DIR first on the runs' PYTHONPATH (tests/fakevllm: the CPU stand-in of vLLM, no GPU)")
     a = p.parse_args(argv)
     reason = common.skip_reason()
     if reason and not a.pythonpath:
@@ -76,7 +80,13 @@ def main(argv=None) -> int:
         series = [m.get(LOGP) for m in (results[run.label].get("metrics") or []) if LOGP in m]
         print(f"  {run.label:<18}" + " ".join(f"{x:.3g}" for x in series))
     print(f"\nraw records: {work}/*.json")
-    return 0 if all(r.get("metrics") for r in results.values()) else 1
+    if not all(r.get("metrics") for r in results.values()):
+        return 1
+    shim = results["sleep on + shim"]
+    good, total = shim["rollouts_on_trainer_weights"], shim["rollouts"]
+    print(f"verdict: with the shim {good}/{total} rollouts on the trained weights"
+          + ("" if good == total else ": NOT fixed"))
+    return 0 if good == total else 1
 
 
 if __name__ == "__main__":
