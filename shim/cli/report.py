@@ -1,4 +1,7 @@
-"""``python -m shim report TRACE... [--plot OUT.png]``: per-process table of SHIM_TRACE recordings."""
+"""``python -m shim report TRACE... [--plot OUT.png]``: per-process table of SHIM_TRACE recordings.
+
+With weight checks (``SHIM_VERIFY_WEIGHTS``) in the trace: how many, verified / partly verified / stale, the
+lowest verified share of the engine's bytes, and per engine the tensors left out with their reasons."""
 from __future__ import annotations
 
 import os
@@ -43,7 +46,11 @@ def report(argv: list) -> int:
     columns = ["run", "start", "rank", "pid"] + (["host"] if any("host" in r for r in rows) else []) + [
         "engines", "cycles", "sleeps", "GiB freed/sleep", "min GiB freed", "ineffective", "asleep s", "awake s",
         "shim ms/call"]
+    if any(r["weight checks"] != "-" for r in rows):  # SHIM_VERIFY_WEIGHTS: the checks and their share
+        columns += tracefile.VERIFY_COLUMNS
     print(table([{k: str(v) for k, v in r.items()} for r in rows], columns))
+    for line in tracefile.skipped(trace):
+        print(f"weights: {line}")
     if out is not None:
         try:
             import matplotlib  # noqa: F401

@@ -32,8 +32,8 @@ wake: the shim's own seconds around vLLM's call; ``seconds`` is vLLM's call).
 
 Counters (:func:`count`, :func:`totals`): named process-wide counts other parts
 of the shim add to (``weight_pushes``, ``rollouts_verified``, ``rollouts_stale``,
-...); ``shim.observe.trainer_metrics`` puts them, with the sleep figures, into the trainer's
-logged metrics as ``shim/<name>``.
+...) and latest figures (:func:`gauge`: ``verified_share``); ``shim.observe.trainer_metrics`` puts them,
+with the sleep figures, into the trainer's logged metrics as ``shim/<name>``.
 
 The trace files are read back by ``shim.observe.tracefile`` (``python -m shim report``).
 """
@@ -55,6 +55,7 @@ SUMMARY_SECONDS = 600.0
 _lock = threading.Lock()
 _summary = {"sleeps": 0, "ineffective": 0, "freed": 0, "asleep_s": 0.0, "awake_s": 0.0}
 _counters: dict = {}
+_gauges: dict = {}
 _last: dict = {}          # engine -> (t, asleep?)
 _seen: dict = {}          # engine -> {"sleep": n, "wake": n} events logged so far
 _periodic = {"sleeps": 0, "t": None}  # sleeps since the last summary line; when it was printed
@@ -213,6 +214,23 @@ def count(name: str, n: int = 1) -> None:
             _counters[name] = _counters.get(name, 0) + n
     except Exception:
         pass
+
+
+def gauge(name: str, value: float) -> None:
+    """Set the process-wide figure ``name`` to its latest ``value`` (e.g. ``"verified_share"``: the verified
+    share of the engine's bytes at the last weight check); it shows in the trainer's metrics as
+    ``shim/<name>``. Never raises."""
+    try:
+        with _lock:
+            _gauges[name] = value
+    except Exception:
+        pass
+
+
+def gauges() -> dict:
+    """Snapshot of :func:`gauge`'s figures."""
+    with _lock:
+        return dict(_gauges)
 
 
 def totals() -> dict:

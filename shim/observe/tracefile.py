@@ -196,6 +196,8 @@ def _figures(recs: list) -> dict:
             else:
                 awake += d
         last[key] = (r["t"], bool(r.get("asleep")))
+    checks = [r for r in recs if r["event"] == "verify"]
+    shares = [r["share"] for r in checks if isinstance(r.get("share"), (int, float))]
     freed = [r.get("freed") or 0 for r in sleeps]
     own = sorted(r["shim_s"] for r in sleeps + wakes if isinstance(r.get("shim_s"), (int, float)))
     return {
@@ -208,4 +210,32 @@ def _figures(recs: list) -> dict:
         "asleep s": f"{asleep:.1f}",
         "awake s": f"{awake:.1f}",
         "shim ms/call": f"{1000 * own[len(own) // 2]:.2f}" if own else "-",  # median, sleeps and wakes
+        "weight checks": len(checks) or "-",
+        "verified": sum(1 for r in checks if r.get("verdict") == "verified") if checks else "-",
+        "partly verified": sum(1 for r in checks if r.get("verdict") == "partly verified") if checks else "-",
+        "stale": sum(1 for r in checks if r.get("verdict") == "stale") if checks else "-",
+        "min verified share": f"{100 * min(shares):.1f}%" if shares else "-",  # of the engine's bytes
     }
+
+
+VERIFY_COLUMNS = ["weight checks", "verified", "partly verified", "stale", "min verified share"]
+"""Columns of the weight checks (``verify`` records), shown when a trace has any."""
+
+
+def skipped(trace: Trace) -> list:
+    """One line per engine whose weight checks left tensors out: ``"<engine> (run n, rank r): x% of the
+    engine's bytes verified; not verified: name (why), ..."`` (the reasons said once, from its last check)."""
+    out = []
+    for number, group in enumerate(runs(trace), 1):
+        for proc in group:
+            last: dict = {}
+            for r in proc["records"]:
+                if r["event"] == "verify" and r.get("skipped"):
+                    last[r["engine"]] = r
+            for engine, r in sorted(last.items()):
+                more = (r.get("skipped_count") or 0) - len(r["skipped"])
+                share = r.get("share")
+                out.append(f"{engine} (run {number}, rank {proc['rank']}): "
+                           f"{'?' if share is None else f'{100 * share:.1f}%'} of the engine's bytes verified; "
+                           f"not verified: {', '.join(r['skipped'])}{f' and {more} more' if more > 0 else ''}")
+    return out

@@ -10,8 +10,9 @@ At every logging step, before the trainer records its logs:
   every counter of ``shim.observe.events.count`` once it is non-zero
   (``shim/weight_pushes``: trained weights written into the engine, TRL's through the
   shim's push paths of ``shim.trl.synced_llm``, ms-swift's each ``_move_model_to_vllm``
-  (:func:`count_push`); ``shim/rollouts_verified`` / ``shim/rollouts_stale``
-  from weight verification; ...). Counts are per process (rank): the console,
+  (:func:`count_push`); ``shim/rollouts_verified`` / ``shim/rollouts_partly_verified`` /
+  ``shim/rollouts_stale`` from weight verification, and ``shim/verified_share``, the verified share of
+  the engine's bytes at the last check: below 1 where tensors were left out; ...). Counts are per process (rank): the console,
   wandb and tensorboard show rank 0's, as for every other metric;
 - the stale-rollout alarm reads the trainer's own measure of how far vLLM's
   sampling log-probs are from the trainer's (TRL ``sampling/sampling_logp_difference/mean``,
@@ -85,6 +86,8 @@ def figures() -> dict:
     for name, value in sorted(t.items()):
         if name not in _BASE and value:
             out[PREFIX + name] = value
+    for name, value in sorted(events.gauges().items()):  # 0 included: a share of 0 is news
+        out[PREFIX + name] = value
     return out
 
 

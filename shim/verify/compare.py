@@ -240,9 +240,22 @@ def trainer_digests(desc: dict, names: list, params: dict, spec=None, kept: "Vie
     return out
 
 
-def compare(results: list, descs: dict, names: list, params: dict, spec=None, kept: "Views | None" = None) -> list:
-    """Tensors (``"name (tp rank r)"``) whose digests differ from the trainer's, on every worker
-    (``spec``: the ``sample`` request the workers were given)."""
+def slots(lay: dict, got, want) -> str:
+    """`` (experts.3.up_proj.weight, ...)``: the trainer tensors of a fused experts parameter whose slices
+    differ (its pieces carry a slot), so a wrong expert is named; ``""`` for any other layout."""
+    pieces = lay["pieces"] if lay else []
+    if not pieces or len(pieces[0]) < 5 or len(got) != len(want):
+        return ""
+    bad = [p[0] for p, a, b in zip(pieces, got, want) if a != b]
+    tails = [".".join(n.split(".")[-4:]) for n in bad[:3]]
+    return f" ({', '.join(tails)}{' ...' if len(bad) > 3 else ''})" if tails else ""
+
+
+def compare(results: list, descs: dict, names: list, params: dict, spec=None, kept: "Views | None" = None,
+            stale: "set | None" = None) -> list:
+    """Tensors (``"name (tp rank r)"``; fused experts also name the differing experts) whose digests differ
+    from the trainer's, on every worker (``spec``: the ``sample`` request the workers were given); ``stale``:
+    a set given gets ``(rank, name)`` of each."""
     differ = []
     for r in results:
         rank = r["rank"]
@@ -250,7 +263,10 @@ def compare(results: list, descs: dict, names: list, params: dict, spec=None, ke
         want = trainer_digests(descs[rank], names, params, spec, kept)
         got = r.get("digests") or []
         if len(got) != len(want):
-            differ.extend(n + tag for n in names)
-            continue
-        differ.extend(n + tag for n, a, b in zip(names, got, want) if a != b)
+            got = [None] * len(want)
+        for n, a, b in zip(names, got, want):
+            if a != b:
+                differ.append(n + tag + slots(descs[rank]["params"][n]["layout"], a or [], b))
+                if stale is not None:
+                    stale.add((rank, n))
     return differ

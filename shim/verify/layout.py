@@ -6,8 +6,14 @@ trainer tensor(s) and which slice of them it holds, from vLLM's own layer attrib
 counts and ``num_kv_head_replicas`` of ``QKVParallelLinear``, ``shard_indices`` of
 ``VocabParallelEmbedding``, the ``output_dim``/``input_dim`` weight attributes) and the
 model's ``packed_modules_mapping`` (``qkv_proj`` = ``q_proj,k_proj,v_proj``,
-``gate_up_proj`` = ``gate_proj,up_proj``). So each tensor-parallel rank compares its own
+``gate_up_proj`` = ``gate_proj,up_proj``), and fused MoE experts (``w13_weight`` / ``w2_weight``:
+one slot per expert, :func:`experts_layout`). So each tensor-parallel rank compares its own
 shard with the matching slice of the trainer's full tensor.
+
+Per tensor, never per engine: a parameter whose layout is not understood, or whose values are
+quantized (an integer pack, or float8 with a scale: :func:`quantized`), is left out with its reason
+(``skip`` in :func:`describe`) and its bytes count as not verified (:func:`share`); every other
+parameter is compared as before.
 """
 from __future__ import annotations
 
@@ -16,6 +22,10 @@ TRAINER_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_or
 FLOATING = ("float16", "bfloat16", "float32", "float64",
             "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 """Engine dtypes compared (bit patterns of floating weights; integer/quantized ones are not mapped)."""
+EXPERT_NAMES = ("gate_proj", "down_proj", "up_proj")
+"""Checkpoint names of one expert's gate / down / up projections where the fused experts module does not name
+them (``ckpt_*_proj_name``, vLLM 0.33+): Qwen2/3-MoE, DeepSeek, OLMoE (Mixtral's ``w1``/``w2``/``w3`` before
+0.33 then map to no trainer tensor: those engine tensors are unverifiable, said with the reason)."""
 
 
 def _leaf_replace(name: str, leaf: str, new: str) -> str:
@@ -35,7 +45,7 @@ def param_layout(name: str, param, module, packed: dict) -> "dict | None":
     each of ``output_sizes`` split by ``tp_size``; ``ColumnParallelLinear`` along
     ``output_dim``, ``RowParallelLinear`` along ``input_dim``) and
     ``vocab_parallel_embedding.py`` (rows ``org_vocab_start_index..end``; padding unmapped).
-    None: not a layout this knows (the tensor is left out)."""
+    None: not a layout this knows (the tensor is left out). Fused experts: :func:`experts_layout`."""
     shape = list(param.shape)
     if not shape:
         return {"dim": 0, "pieces": [[name, 0, 1, 0]], "scalar": True}
@@ -44,6 +54,8 @@ def param_layout(name: str, param, module, packed: dict) -> "dict | None":
     tp_rank = int(getattr(module, "tp_rank", 0) or 0)
     out_dim = getattr(param, "output_dim", None)
     in_dim = getattr(param, "input_dim", None)
+    if name.endswith(("w13_weight", "w2_weight")) and hasattr(module, "w13_weight") and hasattr(module, "w2_weight"):
+        return experts_layout(name, module)
     parts = packed.get(leaf)
     if parts and getattr(module, "output_sizes", None) is not None and out_dim is not None:
         if len(parts) != len(module.output_sizes):
@@ -78,6 +90,88 @@ def param_layout(name: str, param, module, packed: dict) -> "dict | None":
     return {"dim": 0, "pieces": [[name, 0, shape[0], 0]]}  # replicated (norms, RowParallel bias, TP 1)
 
 
+def experts_layout(name: str, module) -> "dict | None":
+    """The layout of a fused experts parameter: ``w13_weight`` [E, 2I, H] holds, in expert slot ``e``, the
+    gate rows then the up rows of expert ``e``'s checkpoint tensors, ``w2_weight`` [E, H, I] its down columns
+    (each a tensor-parallel rank's ``I`` rows / columns of the full ``I * tp_size``). Pieces carry a fifth
+    field, the slot (index into dim 0); ``dim`` is within the slot. Mirrors vLLM 0.34
+    ``layers/fused_moe/routed_experts.py`` (``build_expert_params_mapping`` :1192, :1252-1321: ``experts.<e>.<gate|up>``
+    -> ``w13_``, ``<down>`` -> ``w2_``; ``_load_w13`` :570-619: ``w1`` rows ``[0, I)``, ``w3`` rows ``[I, 2I)``,
+    the checkpoint's rows ``I * tp_rank``; ``_load_w2`` :621-670: columns ``I * tp_rank``; ``expert_map`` :298:
+    global -> local slot, -1 elsewhere; checkpoint names ``ckpt_*_proj_name`` :119-121) and
+    ``runner/moe_runner.py`` :309-312 (the parameters under ``experts.routed_experts.``); before 0.33 the same
+    loaders on ``FusedMoE`` (``tp_rank``/``tp_size`` on the layer, parameters under ``experts.``). None: not
+    that layout (e.g. vllm-ascend's transposed [E, H, 2I] after loading, a non-gated w13)."""
+    w13, w2 = module.w13_weight, module.w2_weight
+    if getattr(w13, "dim", lambda: 0)() != 3 or getattr(w2, "dim", lambda: 0)() != 3:
+        return None
+    slots, rows, hidden = w13.shape
+    inter = w2.shape[2]
+    if rows != 2 * inter or w2.shape[1] != hidden or w2.shape[0] != slots:
+        return None
+    config = getattr(module, "moe_config", None)
+    tp_rank = int(getattr(config, "tp_rank", getattr(module, "tp_rank", 0)) or 0)
+    gate, down, up = (getattr(module, f"ckpt_{kind}_proj_name", None) or default
+                      for kind, default in zip(("gate", "down", "up"), EXPERT_NAMES))
+    base = name.rsplit(".", 1)[0]
+    base = base[:-len(".routed_experts")] if base.endswith(".routed_experts") else base
+    where = getattr(module, "expert_map", None)  # global expert -> local slot (-1: another rank's)
+    expert = list(range(slots))
+    if where is not None:
+        local = [int(x) for x in where.tolist()]
+        expert = [local.index(slot) if slot in local else None for slot in range(slots)]
+        if None in expert:
+            return None
+    pieces = []
+    for slot, e in enumerate(expert):
+        if name.endswith("w13_weight"):
+            pieces += [[f"{base}.{e}.{gate}.weight", 0, inter, tp_rank * inter, slot],
+                       [f"{base}.{e}.{up}.weight", inter, inter, tp_rank * inter, slot]]
+        else:
+            pieces.append([f"{base}.{e}.{down}.weight", 0, inter, tp_rank * inter, slot])
+    return {"dim": 0 if name.endswith("w13_weight") else 1, "pieces": pieces}
+
+
+SCALES = ("_scale", "_scale_inv", "_scale_2", "scales", "_zero_point", "qzeros", "g_idx")
+"""Leaf endings of quantization metadata: vLLM's fp8 ``weight_scale`` / ``weight_scale_inv`` / ``input_scale``
+(``layers/quantization/fp8.py`` :330, :343), ``w13_weight_scale``, GPTQ/AWQ ``scales`` / ``qzeros`` / ``g_idx``."""
+
+
+def quantized(name: str, param, module) -> "str | None":
+    """Why engine parameter ``name`` holds quantized values the trainer's tensors are not compared with exactly
+    (None: compared). An integer dtype is a pack (GPTQ/AWQ ``qweight``, fp4 ``weight_packed``); float8 next to a
+    scale (``<leaf>_scale``, ``weight_scale_inv``) holds the weight divided by that scale, rounded by vLLM's
+    quantization kernel, which the shim does not reproduce bit for bit; the scales themselves have no trainer
+    tensor. float8 without a scale is the trainer's values rounded to float8: compared exactly."""
+    leaf = name.rsplit(".", 1)[-1]
+    dtype = str(param.dtype).replace("torch.", "")
+    if leaf.endswith(SCALES) and any(str(p.dtype).replace("torch.", "") not in FLOATING[:4]
+                                     for p in module.parameters(recurse=False)):  # next to a quantized weight
+        return "quantization metadata, no trainer tensor"
+    if dtype not in FLOATING:
+        return f"{dtype}: a packed quantized weight"
+    if dtype.startswith("float8"):
+        scale = next((n for n, _ in module.named_parameters(recurse=False) if n.startswith(leaf) and
+                      n.endswith(SCALES)), None) or next((n for n in ("weight_scale", "weight_scale_inv")
+                                                          if leaf == "weight" and hasattr(module, n)), None)
+        if scale is not None:
+            return f"{dtype} scaled by {scale}: quantized by vLLM's kernel, not reproduced exactly"
+    return None
+
+
+def share(descs: dict, names, stale=()) -> "tuple[int, int]":
+    """``(verified, total)`` bytes of the engine's parameters over every worker: those named in ``names``
+    count as verified unless ``(rank, name)`` is in ``stale``."""
+    names, stale = set(names), set(stale)
+    verified = total = 0
+    for rank, desc in descs.items():
+        for name, d in desc["params"].items():
+            total += d.get("bytes", 0)
+            if name in names and (rank, name) not in stale:
+                verified += d.get("bytes", 0)
+    return verified, total
+
+
 def tp_rank(model) -> int:
     for module in model.modules():
         if hasattr(module, "tp_rank"):
@@ -96,7 +190,14 @@ def describe(model) -> dict:
     params = {}
     for name, param in model.named_parameters():  # tied parameters once, under their first name
         params[name] = {"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", ""),
+                        "bytes": param.numel() * param.element_size(),
                         "layout": param_layout(name, param, owner[id(param)], packed)}
+        why = quantized(name, param, owner[id(param)])
+        if why:
+            params[name]["skip"] = why
+        leaf = name.rsplit(".", 2)[-2] if "." in name else ""
+        if params[name]["layout"] is None and leaf in packed:  # the trainer tensors it packs, layout unknown
+            params[name]["holds"] = [_leaf_replace(name, leaf, part) for part in packed[leaf]]
     return {"rank": tp_rank(model), "params": params}
 
 
@@ -104,14 +205,15 @@ def engine_views(param, layout: dict) -> list:
     """The engine parameter's rows each layout piece covers (views, no copy)."""
     if layout.get("scalar"):
         return [param.reshape(1)]
-    return [param.narrow(layout["dim"], e_start, length) for _, e_start, length, _ in layout["pieces"]]
+    dim = layout["dim"]
+    return [(param[piece[4]] if len(piece) > 4 else param).narrow(dim, piece[1], piece[2]) for piece in layout["pieces"]]
 
 
 def trainer_view(tensor, layout: dict, piece: list):
     """The trainer tensor's slice one layout piece maps (``[name, engine_start, length, trainer_start]``)."""
     if layout.get("scalar"):
         return tensor.reshape(1)
-    _, _, length, t_start = piece
+    length, t_start = piece[2], piece[3]
     return tensor.narrow(layout["dim"], t_start, length)
 
 
@@ -152,7 +254,9 @@ def mapped(desc: dict, params: dict) -> "tuple[list, list]":
     good, bad = [], []
     for name, d in desc["params"].items():
         layout = d["layout"]
-        if layout is None:
+        if d.get("skip"):
+            bad.append(f"{name} ({d['skip']})")
+        elif layout is None:
             bad.append(f"{name} (layout not understood)")
         elif d["dtype"] not in FLOATING:
             bad.append(f"{name} ({d['dtype']})")

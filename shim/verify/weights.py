@@ -27,7 +27,7 @@ mapped tensor is compared within ``ceil(mapped / TENSORS)`` consecutive checks; 
 
 Never silently off: when verification is asked for and an engine or trainer cannot be
 verified (a verify record standing down or failed, a trainer model that cannot be
-compared, engine tensors that map to no trainer tensor, an engine in another process that
+compared, an engine none of whose tensors maps to a trainer tensor, an engine in another process that
 cannot run the check), the process logs one WARNING naming why, every such rollout counts
 as ``rollouts_unverifiable``, and :func:`not_running_reason` gives the reason to
 ``python -m shim status`` (``requested, not running: <why>``).
@@ -37,7 +37,13 @@ check that finds the engine equal to the trainer tags the engine with the traine
 step (vLLM stamps its outputs with it); the verification line and the ``verify`` trace
 record (``SHIM_TRACE``) name the engine's version.
 
-Counts (:func:`counts`): ``verified``, ``stale``, ``unverifiable``, ``seconds`` (the shim's
+Per tensor, never per engine: engine tensors that map to no trainer tensor or hold quantized values
+(:func:`shim.verify.layout.quantized`) are left out one by one, said once with their reasons; a check that
+finds every other tensor equal is ``partly_verified``, never ``verified``, and the verified share of the
+engine's bytes (:func:`shim.verify.layout.share`) is in the ``verify`` trace record (``share``, ``skipped``),
+``python -m shim report`` and the trainer's metrics (``shim/verified_share``, the last check's).
+
+Counts (:func:`counts`): ``verified``, ``partly_verified``, ``stale``, ``unverifiable``, ``seconds`` (the shim's
 own time in verification), ``times``; also ``shim.observe.events.count("rollouts_<verdict>")``.
 """
 from __future__ import annotations
@@ -71,7 +77,7 @@ class StaleWeights(RuntimeError):
 
 
 _lock = threading.Lock()
-_counts = {"verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
+_counts = {"verified": 0, "partly_verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
 _read: dict = {}       # bytes one exact check reads: {"engine": ..., "trainer": ...} (the bench's floor)
 _times: list = []      # the shim's own seconds per verification (bench: median cost per generate)
 _targets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -94,8 +100,9 @@ def reset() -> None:
         _reasons.clear()
 
 
-def record(key: str, seconds: "float | None" = None) -> None:
-    """Count one verdict (``verified``, ``stale``, ``unverifiable``); ``seconds``: the check's own time."""
+def record(key: str, seconds: "float | None" = None, share: "float | None" = None) -> None:
+    """Count one verdict (``verified``, ``partly_verified``, ``stale``, ``unverifiable``); ``seconds``: the
+    check's own time; ``share``: the verified share of the engine's bytes (a check that ran)."""
     with _lock:
         _counts[key] += 1
         if seconds is not None:  # a check that ran (its time is the bench's figure)
@@ -105,6 +112,8 @@ def record(key: str, seconds: "float | None" = None) -> None:
     from shim.observe import events
 
     events.count(f"rollouts_{key}")
+    if share is not None:
+        events.gauge("verified_share", round(share, 4))
 
 
 def requested() -> str:
@@ -211,6 +220,8 @@ class Target:
         self.params = None         # the trainer's parameters by pushed name
         self.source = None         # model -> (tensors by pushed name, why not): what a push gives (PEFT: merged)
         self.views = None          # compare.Views of the trainer's pieces (made again when described again)
+        self.skipped = []          # engine tensors left out: "name (why)" (quantized, unmapped)
+        self.stale_pairs = None    # (rank, engine name) that differed at the last check (None: not compared)
 
     def model(self):
         return self.model_ref() if self.model_ref is not None else None
@@ -325,10 +336,12 @@ def before_generate(llm) -> None:
         return
     target.generates += 1
     step = trainer_step()
+    share = _share(target, differ)
     if not differ:
-        record("verified", seconds)
+        verdict = "partly_verified" if target.skipped else "verified"
+        record(verdict, seconds, share)
         version = _tag(llm, step)
-        _trace(llm, target, mode, "verified", step, version, [], seconds)
+        _trace(llm, target, mode, verdict.replace("_", " "), step, version, [], seconds, share)
         if log.debugging():
             log.debug(f"verify-weights {engine_name(llm)}: weights equal the trainer's at step "
                       f"{'?' if step is None else step} (weight version {version or '-'}; {mode}, "
@@ -336,9 +349,9 @@ def before_generate(llm) -> None:
                       f"{seconds * 1e3:.2f} ms)")
         return
     target.stale += 1
-    record("stale", seconds)
+    record("stale", seconds, share)
     version = transport.weight_version(llm)
-    _trace(llm, target, mode, "stale", step, version, differ, seconds)
+    _trace(llm, target, mode, "stale", step, version, differ, seconds, share)
     _report_stale(llm, target, differ, mode, step, version)
 
 
@@ -354,7 +367,15 @@ def _tag(llm, step) -> "str | None":
     return None
 
 
-def _trace(llm, target, mode, verdict, step, version, differ, seconds) -> None:
+def _share(target: Target, differ: list) -> float:
+    """The verified share of the engine's bytes at this check: the mapped tensors, less those that differ
+    (every one when the check could not name them, e.g. weights asleep)."""
+    names = target.mapped if target.stale_pairs is not None or not differ else ()
+    verified, total = layout.share(target.descs or {}, names, target.stale_pairs or ())
+    return verified / total if total else 0.0
+
+
+def _trace(llm, target, mode, verdict, step, version, differ, seconds, share=None) -> None:
     path = config.trace_path()
     if not path:
         return
@@ -363,7 +384,8 @@ def _trace(llm, target, mode, verdict, step, version, differ, seconds) -> None:
     rec = {"v": events.SCHEMA, "event": "verify", "t": time.time(), "seconds": seconds, "rank": log.rank(),
            "local_rank": log.local_rank(), "pid": os.getpid(), "host": events.host(),
            "engine": engine_name(llm), "site": target.site, "mode": mode, "verdict": verdict, "step": step,
-           "weight_version": version, "differing": differ[:SHOW]}
+           "weight_version": version, "differing": differ[:SHOW], "share": None if share is None else round(share, 4),
+           "skipped": target.skipped[:SHOW], "skipped_count": len(target.skipped)}
     try:
         events.write_trace(path, rec)
     except OSError as exc:
@@ -372,6 +394,7 @@ def _trace(llm, target, mode, verdict, step, version, differ, seconds) -> None:
 
 def _verify(llm, target: Target, mode: str) -> "list | None":
     model = target.model()
+    target.stale_pairs = None
     if model is None:
         return None
     if transport.weights_asleep(llm):
@@ -384,7 +407,8 @@ def _verify(llm, target: Target, mode: str) -> "list | None":
     spec = None if exact else compare.sample(target.checks, len(target.mapped))
     target.checks += 1
     results = transport.run_on_workers(llm, {"names": names, "sample": spec})
-    return compare.compare(results, target.descs, names, target.params, spec, target.views)
+    target.stale_pairs = set()
+    return compare.compare(results, target.descs, names, target.params, spec, target.views, target.stale_pairs)
 
 
 def _prepare(llm, target: Target, model, mode: str) -> bool:
@@ -404,8 +428,10 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
     good, bad = layout.mapped(first, params)
     for rank, desc in target.descs.items():  # every worker holds the same names (its own shards)
         ok, _ = layout.mapped(desc, params)
+        bad += [f"{n} (not mapped on tp rank {rank})" for n in good if n not in set(ok)]
         good = [n for n in good if n in set(ok)]
     target.mode, target.params, target.mapped, target.checks = mode, params, good, 0
+    target.skipped = bad
     target.views = compare.Views()
     _note_bytes(target.descs, good, params)
     total = len(first["params"])
@@ -413,9 +439,12 @@ def _prepare(llm, target: Target, model, mode: str) -> bool:
         target.disabled = f"no engine tensor maps to a trainer tensor (of {total}; e.g. {', '.join(bad[:SHOW])})"
         return False
     if bad:
-        warn_once(f"unmapped {name}", f"verify-weights {name}: {len(bad)} of {total} engine tensors map to no "
-                                       f"trainer tensor and are not verified: {', '.join(bad[:SHOW])}"
-                                       f"{' ...' if len(bad) > SHOW else ''}")
+        verified, size = layout.share(target.descs, good)
+        warn_once(f"unmapped {name}", f"verify-weights {name}: {len(bad)} of {total} engine tensors are not "
+                                       f"verified (quantized, or mapping to no trainer tensor), "
+                                       f"{100 * verified / max(size, 1):.1f}% of the engine's bytes are: "
+                                       f"{', '.join(bad[:SHOW])}{' ...' if len(bad) > SHOW else ''}; checks that find "
+                                       "the rest equal count as shim/rollouts_partly_verified, never verified")
     if mode == config.VERIFY_EXACT:
         what = "every mapped tensor at every check"
     else:
@@ -440,7 +469,9 @@ def _note_bytes(descs: dict, names: list, params: dict) -> None:
             engine += n * getattr(torch, d["dtype"]).itemsize
             lay = d["layout"]
             for piece in lay["pieces"]:
-                part = n if lay.get("scalar") else n // d["shape"][lay["dim"]] * piece[2]
+                slot = len(piece) > 4  # fused experts: one slot of dim 0, ``dim`` within it
+                size = n // d["shape"][0] if slot else n
+                part = n if lay.get("scalar") else size // d["shape"][lay["dim"] + slot] * piece[2]
                 trainer += part * params[piece[0]].element_size()
     with _lock:
         _read.update(engine=engine, trainer=trainer)
@@ -459,7 +490,7 @@ def _lora_only(target: Target, differ: list) -> bool:
         return False
     desc = target.descs[min(target.descs)]["params"]
     for name in differ:
-        d = desc.get(name.split(" (tp rank ")[0])
+        d = desc.get(name.split(" (")[0])
         if d is None or not any(piece[0] in derived for piece in d["layout"]["pieces"]):
             return False
     return True

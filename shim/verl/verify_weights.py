@@ -29,10 +29,15 @@ rollouts from the second update) says nothing. Three parts, one per process:
 What is compared (a partial or bucketed update is not a false alarm): each engine parameter piece whose
 trainer tensor the update streamed; pieces no tensor of this update touched are not compared. A streamed
 tensor that no engine parameter holds is reported (``"<name> (streamed, not in the engine)"``), except the
-names vLLM's loaders skip on purpose (:data:`SKIPPED`, ``lm_head.weight`` of tied embeddings) and where the
-engine has parameters the layout cannot map (fused MoE experts, quantized or unknown layouts: vLLM's loader
-renames those; one WARNING lists them as not verified). Every worker is compared with what this rank streamed
-(verl streams the same full tensors from every rank). A LoRA adapter update (``peft_config`` with
+names vLLM's loaders skip on purpose (:data:`SKIPPED`, ``lm_head.weight`` of tied embeddings) and the names an
+engine parameter left out holds: per tensor (:func:`_index`), a quantized parameter
+(:func:`shim.verify.layout.quantized`) holds the trainer tensors its layout names, one of unknown layout every
+name under its module and those its packed name stands for; only those go unreported, the rule stays on for every other name (one WARNING lists the
+parameters left out, with their reasons). A fused parameter (``qkv_proj``, ``gate_up_proj``, fused experts)
+whose slices the update streamed only in part is reported too (``"<name> (<trainer tensor> not streamed)"``).
+An update that finds everything equal while the engine has parameters left out is ``partly_verified``, never
+``verified``, with its share: the verified bytes over those of the parameters it compared plus every one left
+out. Every worker is compared with what this rank streamed (verl streams the same full tensors from every rank). A LoRA adapter update (``peft_config`` with
 ``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is unverifiable.
 
 Never silently off: the server half or the worker method missing (the shim not active in the Ray actor or the
@@ -103,7 +108,10 @@ class Engine:
         self.descs = None      # rank -> layout.describe() of that worker
         self.index = None      # trainer name -> [(rank, engine name, piece number)]
         self.owned = None      # engine names of rank 0
-        self.unmapped = []     # engine parameters no streamed name can reach (not verified)
+        self.unmapped = []     # engine parameters left out: "name (why)" (rank 0's; not verified)
+        self.left_out = []     # those parameters' names (every worker's)
+        self.absorbed = set()  # trainer names a parameter left out holds (streamed: not reported as missing)
+        self.prefixes = ()     # modules of parameters of unknown layout (every name under them: likewise)
         self.updates = 0
         self.stale = 0
         self.disabled = ""
@@ -118,6 +126,7 @@ class Update:
         self.unmatched: list = []   # streamed names no engine parameter holds
         self.failed = ""
         self.seconds = 0.0
+        self.stale: set = set()     # (rank, engine name) found not to hold what streamed
         from shim.verify import compare
 
         self.spec = None if mode == config.VERIFY_EXACT else [compare.ELEMENTS, engine.updates]
@@ -172,6 +181,8 @@ class Update:
 
     def differing(self, results: list, names: list) -> list:
         """Streamed tensors whose engine digests are not the streamed ones (``"name (tp rank r)"``)."""
+        from shim.verify import compare
+
         differ = []
         for r in results:
             rank = r["rank"]
@@ -179,16 +190,34 @@ class Update:
             got = r.get("digests") or []
             for i, name in enumerate(names):
                 pieces = got[i] if i < len(got) else None
-                for k in range(len(self.engine.descs[rank]["params"][name]["layout"]["pieces"])):
-                    want = self.want.get((rank, name, k))
-                    if want is not None and (pieces is None or k >= len(pieces) or pieces[k] != want):
-                        differ.append(name + tag)
-                        break
+                lay = self.engine.descs[rank]["params"][name]["layout"]
+                unsent = [p[0] for k, p in enumerate(lay["pieces"]) if (rank, name, k) not in self.want]
+                if len(unsent) == len(lay["pieces"]):  # nothing of it streamed to this worker: not compared
+                    continue
+                if unsent:  # a fused tensor written in part: its other slices are whatever they were
+                    differ.append(f"{name}{tag} ({unsent[0]}{' ...' if len(unsent) > 1 else ''} not streamed)")
+                    self.stale.add((rank, name))
+                    continue
+                wants = [self.want[(rank, name, k)] for k in range(len(lay["pieces"]))]
+                if pieces != wants:
+                    differ.append(name + tag + compare.slots(lay, pieces or [], wants))
+                    self.stale.add((rank, name))
         return differ + [f"{n} (streamed, not in the engine)" for n in self.unmatched]
+
+    def share(self, names: list) -> float:
+        """Verified bytes over those of the parameters compared plus every parameter left out."""
+        from shim.verify import layout
+
+        verified, _ = layout.share(self.engine.descs, names, self.stale)
+        compared, _ = layout.share(self.engine.descs, names)
+        left, _ = layout.share(self.engine.descs, self.engine.left_out)
+        return verified / (compared + left) if compared + left else 0.0
 
 
 def _skipped(name: str, engine: Engine) -> bool:
-    if name.endswith(SKIPPED) or engine.unmapped:
+    """A streamed name no compared parameter holds that is not "missing": skipped by vLLM's loaders, or held
+    by a parameter left out (per tensor: only the names that parameter holds)."""
+    if name.endswith(SKIPPED) or name in engine.absorbed or name.startswith(engine.prefixes):
         return True
     return name == "lm_head.weight" and "lm_head.weight" not in engine.owned  # tied embeddings
 
@@ -207,25 +236,36 @@ async def _ask(adapter, request: dict):
 def _index(engine: Engine) -> None:
     from shim.verify import layout
 
-    index, unmapped, first = {}, [], min(engine.descs)
+    index, unmapped, left, absorbed, prefixes, first = {}, [], set(), set(), set(), min(engine.descs)
     for rank, desc in sorted(engine.descs.items()):
         for name, d in desc["params"].items():
             lay = d["layout"]
-            if lay is None or d["dtype"] not in layout.FLOATING or ".experts." in name:
+            why = d.get("skip") or ("layout not understood" if lay is None else None) or (
+                d["dtype"] if d["dtype"] not in layout.FLOATING else None)
+            if why:  # this parameter only: the names it holds are not "missing"; it is not verified
+                left.add(name)
                 if rank == first:
-                    unmapped.append(name)
+                    unmapped.append(f"{name} ({why})")
+                if lay is not None:
+                    absorbed.update(piece[0] for piece in lay["pieces"])
+                else:  # every name under its module, and the names it packs (``gate_up_proj``: gate, up)
+                    absorbed.update(d.get("holds") or ())
+                    prefixes.add(name.rsplit(".", 1)[0] + ".")
                 continue
             for k, piece in enumerate(lay["pieces"]):
                 index.setdefault(piece[0], []).append((rank, name, k))
-    engine.index, engine.unmapped = index, unmapped
+    engine.index, engine.unmapped, engine.left_out = index, unmapped, sorted(left)
+    engine.absorbed, engine.prefixes = absorbed, tuple(sorted(prefixes))
     engine.owned = set(engine.descs[first]["params"])
     if unmapped:
         from shim.verify import weights
 
+        verified, total = layout.share(engine.descs, [n for n in engine.owned if n not in left])
         shown = ", ".join(unmapped[:weights.SHOW]) + (" ..." if len(unmapped) > weights.SHOW else "")
         weights.warn_once(f"verl unmapped {id(engine)}", f"verify-weights ({SITE}): {len(unmapped)} engine "
-                          f"tensors have no layout the shim maps (fused experts, quantized or unknown) and are not "
-                          f"verified: {shown}; streamed tensors that match no engine tensor are not reported")
+                          f"tensors are not verified (quantized, or a layout the shim does not map), at most "
+                          f"{100 * verified / max(total, 1):.1f}% of the engine's bytes are: {shown}; updates that "
+                          "find the rest equal count as shim/rollouts_partly_verified, never verified")
 
 
 def _unverifiable(engine: "Engine | None", why: str, disable: bool = True) -> None:
@@ -283,14 +323,15 @@ async def _check(adapter, engine: Engine, update: Update, step) -> None:
     differ = update.differing(results, names)
     seconds = update.seconds + time.perf_counter() - t0
     engine.updates += 1
+    share = update.share(names)
     if not differ:
-        weights.record("verified", seconds)
+        weights.record("partly_verified" if engine.unmapped else "verified", seconds, share)
         if log.debugging():
             log.debug(f"verify-weights ({SITE}): the engine holds the {len(names)} tensors the update streamed at "
                       f"step {'?' if step is None else step} ({update.mode}, {seconds * 1e3:.2f} ms)")
         return
     engine.stale += 1
-    weights.record("stale", seconds)
+    weights.record("stale", seconds, share)
     weights.report_stale(f"verl rollout replica {getattr(adapter, 'replica_rank', '?')}", SITE, differ, update.mode,
                          step, None, engine.stale, engine.updates,
                          "after the update the engine holds other weights than the trainer streamed", "updates")
