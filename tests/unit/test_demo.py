@@ -48,7 +48,7 @@ def test_demo_explains_columns_and_writes_the_trace(tmp_path):
                             env=clean_env(), timeout=120)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "trl 1.9.2" in doctor.stdout.splitlines()[0] and "activation: through the launcher" in doctor.stdout
-    assert any(line.split() == shlex.split("huggingface/trl#5312 affected (trl 1.9.2); fixed by trl-stale-weights")
+    assert any(line.split() == shlex.split("trl-stale-weights affected (trl 1.9.2; huggingface/trl#5312); fixed")
                for line in doctor.stdout.splitlines()), doctor.stdout
     status = subprocess.run(["bash", "-c", commands[1]], capture_output=True, text=True, cwd=str(tmp_path),
                             env=clean_env(), timeout=300)
