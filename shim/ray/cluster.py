@@ -23,9 +23,12 @@ adds to that runtime_env, through Ray's own fields:
   driver asked (disable list, verification, trace, strict); the user's own ``env_vars`` win on a conflict.
 - ``py_modules``: this ``shim`` package (``shim.patches`` inside it, also from a source checkout), after the
   user's own entries. Always on a joined cluster: the driver cannot see which nodes have the shim installed
-  (nodes join later), the package is ~0.6 MB, uploaded once per content (Ray names it by its hash, in the
+  (nodes join later), the package is ~0.7 MB (0.2 MB zipped), uploaded once per content (Ray names it by its hash, in the
   cluster's store) and unpacked once per node, and the actors then run the driver's own release (the two
-  halves of a weight verification, the ids of the disable list) even where a node has another one.
+  halves of a weight verification, the ids of the disable list) even where a node has another one. The
+  driver's ``wrapt`` (the shim's one dependency Ray does not require; ``packaging`` it does) travels inside
+  it (``shim/_vendor``), and the hook puts it at the END of the worker's path only where the node has no
+  ``wrapt``: a node's own ``wrapt`` is never shadowed.
 
 Nothing is added where ``ray.init()`` started the cluster itself (its workers inherit the driver's
 environment, shim included), in local mode, or for a Ray Client driver (``ray://``: Ray prepares that job's
@@ -43,6 +46,9 @@ SWITCHES = config.ALL + (config.DISABLED_PATCHES_REPORTED,)
 
 SCRIPT_MODE = 0
 """``ray._private.worker.SCRIPT_MODE``: a driver's ``connect`` (the record's probe checks the value)."""
+
+VENDOR = "_vendor"
+"""Folder of the shipped package holding the driver's ``wrapt``, for a node that has none."""
 
 SETUP_MARKER = "_shim_ray_setup"
 """Attribute of the shim's setup hook (a runtime_env merged twice keeps one)."""
@@ -111,6 +117,10 @@ def package(staging: str) -> str:
     patches = os.path.dirname(os.path.abspath(sys.modules[catalog.PACKAGE].__file__))
     if not os.path.isdir(os.path.join(target, "patches")):
         shutil.copytree(patches, os.path.join(target, "patches"), ignore=ignore)
+    import wrapt
+
+    shutil.copytree(os.path.dirname(os.path.abspath(wrapt.__file__)), os.path.join(target, VENDOR, "wrapt"),
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.c"))
     return target
 
 
@@ -121,6 +131,8 @@ def setup_hook(user_hook=None):
     its code references nothing of the shim's, and a worker without the shim still loads and runs it."""
 
     def shim_worker_setup():
+        import importlib.util
+        import os
         import sys
 
         try:
@@ -131,6 +143,10 @@ def setup_hook(user_hook=None):
             print(f"[shim] WARNING the shim is not importable in this Ray worker ({type(exc).__name__}: {exc}): "
                   f"not active here (does this actor's runtime_env replace the job's py_modules?)", file=sys.stderr)
         else:
+            vendor = os.path.join(os.path.dirname(os.path.abspath(shim.__file__)), vendor_name)
+            if os.path.isdir(vendor) and importlib.util.find_spec("wrapt") is None:  # last: never the node's own
+                sys.path.append(vendor)
+                os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), vendor) if p)
             activate()  # never raises, except under SHIM_STRICT=1 (asked for)
         if user_hook is None:
             return
@@ -142,5 +158,6 @@ def setup_hook(user_hook=None):
             hook = getattr(importlib.import_module(module), name)
         hook()
 
+    vendor_name = VENDOR  # a closure cell: the function references no global of this module
     setattr(shim_worker_setup, SETUP_MARKER, True)
     return shim_worker_setup

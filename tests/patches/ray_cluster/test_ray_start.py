@@ -30,8 +30,9 @@ ID = "ray-cluster-workers"
 
 
 def _node_python(root: str) -> str:
-    """A venv of the base interpreter whose path has ci-venv's site-packages (no .pth of it runs: not its editable
-    shim) and the verl envs' packages (ray)."""
+    """A node's interpreter without the shim and without wrapt (its dependency, which a node without the shim may
+    well lack): a venv of the base interpreter whose path has the verl envs' packages (ray) and a folder linking
+    every entry of ci-venv's site-packages but wrapt (no .pth file of ci-venv runs: not its editable shim)."""
     import sysconfig
 
     from tests.support.envs import verl_deps_path
@@ -42,8 +43,14 @@ def _node_python(root: str) -> str:
     python = os.path.join(venv, "bin", "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
+    packages = os.path.join(root, "node-packages")
+    os.makedirs(packages)
+    ours = sysconfig.get_paths()["purelib"]
+    for name in os.listdir(ours):
+        if not name.startswith(("wrapt", "shim", "__editable__", "vllm_sleep_shim")):
+            os.symlink(os.path.join(ours, name), os.path.join(packages, name))
     with open(os.path.join(site, "test_node.pth"), "w") as f:
-        f.write(f"{verl_deps_path()}\n{sysconfig.get_paths()['purelib']}\n")
+        f.write(f"{verl_deps_path()}\n{packages}\n")
     return python
 
 
@@ -101,6 +108,10 @@ def cluster():
         node_env = _environ(raylet)
         assert b"shim" not in node_env.get(b"PYTHONPATH", b"") and str(REPO).encode() not in \
             node_env.get(b"PYTHONPATH", b""), node_env.get(b"PYTHONPATH")
+        missing = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('shim'), "
+                                  "u.find_spec('wrapt'), u.find_spec('ray') is not None)"],
+                                 env=env, cwd=root, capture_output=True, text=True)
+        assert missing.stdout.split() == ["None", "None", "True"], (missing.stdout, missing.stderr)
         user = os.path.join(root, "userpkg")  # the user's own py_modules entry, with a setup hook
         os.makedirs(user)
         with open(os.path.join(user, "__init__.py"), "w") as f:
@@ -164,6 +175,8 @@ def test_import_shim_auto_driver_gives_its_actors_the_shim_with_its_switches_and
     assert actor["pid"] != r["driver_pid"], r
     assert actor["active"] and shipped(actor, cluster), actor
     assert actor["decisions"][ID] == "applied" and actor["decisions"]["trl-stale-weights"] == "disabled", actor
+    assert f"{os.sep}shim{os.sep}_vendor{os.sep}wrapt{os.sep}" in actor["wrapt"], actor  # the node has none
+    assert json.loads(actor["child"]) == {"active": True, "wrapt": True, "verify": "1"}, actor  # vLLM's core, say
     assert actor["env"] == {"SHIM_DISABLED_PATCHES": "trl-stale-weights", "SHIM_VERIFY_WEIGHTS": "1",
                             "SHIM_SUMMARY_EVERY": "7", "SHIM_STRICT": None, "TEST_USER_VAR": "kept",
                             "TEST_USER_HOOK": "callable"}, actor

@@ -35,11 +35,24 @@ class Probe:
                "user_module": importlib.util.find_spec(os.environ["TEST_USER_MODULE"]) is not None,
                "env": {k: os.environ.get(k) for k in SWITCHES + ("TEST_USER_VAR", "TEST_USER_HOOK")}}
         if out["active"]:
+            import subprocess
+
             from shim.engine import registry
 
             out["file"] = shim.__file__
+            out["wrapt"] = sys.modules["wrapt"].__file__
             out["decisions"] = {k: v.decision for k, v in registry.decisions().items()}
+            child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60)
+            out["child"] = child.stdout.strip() or child.stderr[-2000:]  # a process the actor starts (vLLM's core)
         return out
+
+
+CHILD = """
+import importlib.util, json, os, sys
+shim = sys.modules.get("shim")
+print(json.dumps({"active": bool(shim and shim.is_active()), "wrapt": importlib.util.find_spec("wrapt") is not None,
+                  "verify": os.environ.get("SHIM_VERIFY_WEIGHTS")}))
+"""
 
 
 user_dir = SPEC["user_module"]
