@@ -7,13 +7,13 @@ Affects:  ray >=2.10.0 (``runtime_env`` ``worker_process_setup_hook``; read in r
           cluster it did not start (``ray.init(address=...)``, ``RAY_ADDRESS``, ``ray job submit``)
 Remove:   never (a feature)
 
-One wrapper on the driver's ``ray._private.worker.connect`` (``shim.ray.cluster.wrap_connect``), where Ray
-holds the job's final runtime_env (``ray.init``'s, ``JobConfig``'s and a submitted job's, merged) before it
-uploads it: the shim's setup hook (chaining the user's), the driver's ``SHIM_*`` switches (the user's
-``env_vars`` win) and the shim package (``py_modules``, after the user's; with the driver's ``wrapt`` for a
-node that has none) are added; the user's objects are never changed. Not ``ray.init``: a runtime_env field added there conflicts with a submitted job's own
-(``_merge_runtime_env`` refuses the job), and ``ray/__init__`` binds ``init`` by name. Stands down where
-``connect`` has no ``node`` / ``mode`` / ``job_config`` parameter or Ray has no setup hook.
+One wrapper on the driver's ``ray._private.worker.connect`` (``shim.ray.cluster.wrap_connect``), where Ray holds
+the job's final runtime_env (``ray.init``'s, ``JobConfig``'s and a submitted job's, merged) before it uploads it:
+the shim's setup hook (chaining the user's), the driver's ``SHIM_*`` switches (the user's ``env_vars`` win) and
+the shim package (``py_modules``, after the user's; with the driver's ``wrapt`` for a node that has none) are
+added; the user's objects are never changed. Not ``ray.init``: a runtime_env field added there conflicts with a
+submitted job's own (``_merge_runtime_env`` refuses the job), and ``ray/__init__`` binds ``init`` by name. Stands
+down where ``connect`` has no ``node`` / ``mode`` / ``job_config`` parameter or Ray has no setup hook.
 """
 from shim.engine.patch import FEATURE, Patch
 from shim.engine.probes import changed

@@ -22,12 +22,12 @@ adds to that runtime_env, through Ray's own fields:
 - ``env_vars``: the driver's ``SHIM_*`` switches (``shim.engine.config.ALL``), so an actor behaves as the
   driver asked (disable list, verification, trace, strict); the user's own ``env_vars`` win on a conflict.
 - ``py_modules``: this ``shim`` package (``shim.patches`` inside it, also from a source checkout), after the
-  user's own entries. Always on a joined cluster: the driver cannot see which nodes have the shim installed
-  (nodes join later), the package is 1.3 MB (0.43 MB zipped, wrapt's included), uploaded once per content (Ray
-  names it by its hash, in the cluster's store) and unpacked once per node, and the actors then run the driver's own release (the two
-  halves of a weight verification, the ids of the disable list) even where a node has another one. The
-  driver's ``wrapt`` (the shim's one dependency Ray does not require; ``packaging`` it does) travels inside
-  it (``shim/_vendor``), and the hook puts it at the END of the worker's path only where the node has no
+  user's own entries. Always on a joined cluster: the driver cannot see which nodes have the shim installed (nodes
+  join later), the package is 1.3 MB (0.43 MB zipped, wrapt's included), uploaded once per content (Ray names it
+  by its hash, in the cluster's store) and unpacked once per node, and the actors then run the driver's own
+  release (the two halves of a weight verification, the ids of the disable list) even where a node has another
+  one. The driver's ``wrapt`` (the shim's one dependency Ray does not require; ``packaging`` it does) travels
+  inside it (``shim/_vendor``), and the hook puts it at the END of the worker's path only where the node has no
   ``wrapt``: a node's own ``wrapt`` is never shadowed.
 
 Nothing is added where ``ray.init()`` started the cluster itself (its workers inherit the driver's
