@@ -131,7 +131,7 @@ def _compute(kind: str, release: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="contract-") as out:
         args = [f"{pid}:{case}" for pid in pids for case in CASES]
         extra = (["--megatron"] if kind == "swift-megatron" else []) + (["--swift"] if kind.startswith("swift") else []) \
-            + (["--trl"] if kind == "trl" else [])
+            + (["--trl"] if kind == "trl" else []) + (["--bare"] if kind == "ray" else [])
         proc = subprocess.run([python, str(CHILD), out, *extra, *args], env=env, capture_output=True, text=True,
                               timeout=1800, cwd=str(REPO))
         for arg in args:

@@ -175,7 +175,7 @@ def test_import_shim_auto_driver_gives_its_actors_the_shim_with_its_switches_and
     assert actor["pid"] != r["driver_pid"], r
     assert actor["active"] and shipped(actor, cluster), actor
     assert actor["decisions"][ID] == "applied" and actor["decisions"]["trl-stale-weights"] == "disabled", actor
-    assert f"{os.sep}shim{os.sep}_vendor{os.sep}wrapt{os.sep}" in actor["wrapt"], actor  # the node has none
+    assert f"{os.sep}shim{os.sep}_vendor{os.sep}wrapt{os.sep}" in (actor["wrapt"] or ""), actor  # the node has none
     assert json.loads(actor["child"]) == {"active": True, "wrapt": True, "verify": "1"}, actor  # vLLM's core, say
     assert actor["env"] == {"SHIM_DISABLED_PATCHES": "trl-stale-weights", "SHIM_VERIFY_WEIGHTS": "1",
                             "SHIM_SUMMARY_EVERY": "7", "SHIM_STRICT": None, "TEST_USER_VAR": "kept",

@@ -40,7 +40,7 @@ class Probe:
             from shim.engine import registry
 
             out["file"] = shim.__file__
-            out["wrapt"] = sys.modules["wrapt"].__file__
+            out["wrapt"] = getattr(sys.modules.get("wrapt"), "__file__", None)
             out["decisions"] = {k: v.decision for k, v in registry.decisions().items()}
             child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60)
             out["child"] = child.stdout.strip() or child.stderr[-2000:]  # a process the actor starts (vLLM's core)
