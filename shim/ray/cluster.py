@@ -112,7 +112,7 @@ def package(staging: str) -> str:
     source = os.path.dirname(os.path.abspath(shim.__file__))
     target = os.path.join(staging, "shim")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(source, target, ignore=ignore)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", VENDOR))  # a shipped copy's
     catalog.index()  # ``shim.patches`` loaded (activation read it already)
     patches = os.path.dirname(os.path.abspath(sys.modules[catalog.PACKAGE].__file__))
     if not os.path.isdir(os.path.join(target, "patches")):

@@ -54,18 +54,20 @@ def _node_python(root: str) -> str:
     return python
 
 
-def _ours(root: str) -> list:
-    """Pids of the processes whose command line names ``root`` (the cluster's temp dir is in every one of them)."""
+def _ours(root: str, program: str = "") -> list:
+    """Pids of the processes whose command line names ``root`` (the cluster's temp dir is in every one of them) and,
+    given ``program``, whose executable's name is that."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if root.encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
+                argv = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
             continue
+        if any(root.encode() in arg for arg in argv) and (not program or os.path.basename(argv[0]) == program.encode()):
+            found.append(int(entry))
     return found
 
 
@@ -103,8 +105,7 @@ def cluster():
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", int(port))) != 0:
                     continue
-            raylet = next((p for p in _ours(root) if b"/raylet" in open(f"/proc/{p}/cmdline", "rb").read()
-                           .split(b"\0")[0]), None)
+            raylet = next(iter(_ours(root, "raylet")), None)
         node_env = _environ(raylet)
         assert b"shim" not in node_env.get(b"PYTHONPATH", b"") and str(REPO).encode() not in \
             node_env.get(b"PYTHONPATH", b""), node_env.get(b"PYTHONPATH")
