@@ -56,20 +56,25 @@ SETUP_MARKER = "_shim_ray_setup"
 
 def wrap_connect(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``ray._private.worker.connect(node, session_name, mode=..., ..., job_config=...)``."""
-    job_config = call_args.arg(wrapped, args, kwargs, "job_config")
-    if not _joins_cluster(wrapped, args, kwargs, job_config):
-        return wrapped(*args, **kwargs)
+    import shutil
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="shim-ray-") as staging:  # Ray uploads it inside ``connect``
-        try:
+    staging = None
+    try:
+        job_config = call_args.arg(wrapped, args, kwargs, "job_config")
+        if _joins_cluster(wrapped, args, kwargs, job_config):
+            staging = tempfile.mkdtemp(prefix="shim-ray-")  # Ray uploads it inside ``connect``
             job_config.set_runtime_env(merged(job_config.runtime_env, package(staging)))
-        except Exception as exc:
-            if config.strict():
-                raise
-            log.warning(f"ray-cluster-workers: the shim is not sent to this Ray job's workers "
-                        f"({type(exc).__name__}: {exc}); the job runs with the runtime_env you gave")
+    except Exception as exc:
+        if config.strict():
+            raise
+        log.warning(f"ray-cluster-workers: the shim is not sent to this Ray job's workers "
+                    f"({type(exc).__name__}: {exc}); the job runs with the runtime_env you gave")
+    try:
         return wrapped(*args, **kwargs)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _joins_cluster(wrapped, args, kwargs, job_config) -> bool:

@@ -63,3 +63,24 @@ def test_only_a_driver_joining_a_cluster_it_did_not_start_changes_the_job(monkey
     assert joined["env_vars"] == {"A": "1"} and getattr(joined["worker_process_setup_hook"], cluster.SETUP_MARKER)
     (shipped,) = joined["py_modules"]
     assert shipped.endswith(f"{os.sep}shim") and not os.path.exists(shipped)
+
+
+def test_an_error_here_leaves_the_job_as_the_user_gave_it_and_strict_raises(monkeypatch):
+    def fails(staging):
+        raise OSError("no space left on device")
+
+    lines = []
+    monkeypatch.setattr(cluster, "package", fails)
+    monkeypatch.setattr(cluster.log, "warning", lines.append)
+    monkeypatch.delenv("SHIM_STRICT", raising=False)
+    user = {"env_vars": {"A": "1"}}
+    job = JobConfig(dict(user))
+    assert cluster.wrap_connect(connect, None, (Node(head=False), "session"), {"mode": 0, "job_config": job}) == user
+    assert len(lines) == 1 and "not sent to this Ray job's workers (OSError: no space left on device)" in lines[0]
+    monkeypatch.setenv("SHIM_STRICT", "1")
+    try:
+        cluster.wrap_connect(connect, None, (Node(head=False), "session"), {"mode": 0, "job_config": job})
+    except OSError:
+        pass
+    else:
+        raise AssertionError("SHIM_STRICT=1 did not raise")
