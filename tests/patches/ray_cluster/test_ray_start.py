@@ -148,11 +148,11 @@ def drive(cluster, launcher: str, hook: str, own_py_modules: bool = False, **swi
     shim python driver.py``) against ``cluster`` with the shim's ``switches`` in its environment."""
     from tests.support.envs import verl_deps_path
 
-    spec = {"address": cluster["address"], "auto": launcher == "auto", "hook": hook,
-            "user_module": cluster["user_module"], "own_py_modules": own_py_modules}
+    spec = {"auto": launcher == "auto", "hook": hook, "user_module": cluster["user_module"],
+            "own_py_modules": own_py_modules}
     env = clean_env(**switches, PYTHONPATH=os.pathsep.join([str(verl_deps_path()), str(REPO)]),
+                    RAY_ADDRESS=cluster["address"],  # the driver's ``ray.init(address="auto")``: this cluster only
                     RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
-    env.pop("RAY_ADDRESS", None)
     prefix = [sys.executable] if launcher == "auto" else [sys.executable, "-m", "shim", sys.executable]
     proc = subprocess.run([*prefix, str(DRIVER), json.dumps(spec)], env=env, cwd=cluster["cwd"],
                           capture_output=True, text=True, timeout=240)

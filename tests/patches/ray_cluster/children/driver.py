@@ -1,9 +1,10 @@
 """A Ray driver joining the test's ``ray start`` cluster; prints one JSON line: what its actors see.
 
-argv[1]: JSON ``{"address", "auto" (import shim.auto first), "hook" ("callable" | "string"), "user_module" (a
-package directory: the user's own py_modules, with ``setup()``), "own_py_modules" (a second actor whose own
-runtime_env replaces the job's py_modules)}``. The user's runtime_env: that hook, ``env_vars`` (one of them a
-SHIM_* switch the driver also sets), that py_modules entry.
+``ray.init(address="auto")``: the test pins ``RAY_ADDRESS`` to its own cluster. argv[1]: JSON ``{"auto" (import
+shim.auto first), "hook" ("callable" | "string"), "user_module" (a package directory: the user's own py_modules,
+with ``setup()``), "own_py_modules" (a second actor whose own runtime_env replaces the job's py_modules)}``. The
+user's runtime_env: that hook, ``env_vars`` (one of them a SHIM_* switch the driver also sets), that py_modules
+entry.
 """
 import json
 import os
@@ -56,7 +57,7 @@ print(json.dumps({"active": bool(shim and shim.is_active()), "wrapt": importlib.
 
 
 user_dir = SPEC["user_module"]
-ray.init(address=SPEC["address"], log_to_driver=False, runtime_env={
+ray.init(address="auto", log_to_driver=False, runtime_env={
     "worker_process_setup_hook": user_hook if SPEC["hook"] == "callable" else f"{os.path.basename(user_dir)}.setup",
     "env_vars": {"TEST_USER_VAR": "kept", "SHIM_SUMMARY_EVERY": "7", "TEST_USER_MODULE": os.path.basename(user_dir)},
     "py_modules": [user_dir],
