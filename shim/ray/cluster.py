@@ -61,16 +61,16 @@ def wrap_connect(wrapped, instance, args, kwargs):
 
     staging = None
     try:
-        job_config = call_args.arg(wrapped, args, kwargs, "job_config")
-        if _joins_cluster(wrapped, args, kwargs, job_config):
-            staging = tempfile.mkdtemp(prefix="shim-ray-")  # Ray uploads it inside ``connect``
-            job_config.set_runtime_env(merged(job_config.runtime_env, package(staging)))
-    except Exception as exc:
-        if config.strict():
-            raise
-        log.warning(f"ray-cluster-workers: the shim is not sent to this Ray job's workers "
-                    f"({type(exc).__name__}: {exc}); the job runs with the runtime_env you gave")
-    try:
+        try:
+            job_config = call_args.arg(wrapped, args, kwargs, "job_config")
+            if _joins_cluster(wrapped, args, kwargs, job_config):
+                staging = tempfile.mkdtemp(prefix="shim-ray-")  # Ray uploads it inside ``connect``
+                job_config.set_runtime_env(merged(job_config.runtime_env, package(staging)))
+        except Exception as exc:
+            if config.strict():
+                raise
+            log.warning(f"ray-cluster-workers: the shim is not sent to this Ray job's workers "
+                        f"({type(exc).__name__}: {exc}); the job runs with the runtime_env you gave")
         return wrapped(*args, **kwargs)
     finally:
         if staging is not None:

@@ -3,6 +3,7 @@ adds the shim once (in process: no Ray needed). That the hook loads and runs the
 importable: ``test_ray_start.py`` (an actor with its own ``py_modules``)."""
 import copy
 import os
+import tempfile
 
 from shim.ray import cluster
 
@@ -69,7 +70,9 @@ def test_an_error_here_leaves_the_job_as_the_user_gave_it_and_strict_raises(monk
     def fails(staging):
         raise OSError("no space left on device")
 
-    lines = []
+    lines, made = [], []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
     monkeypatch.setattr(cluster, "package", fails)
     monkeypatch.setattr(cluster.log, "warning", lines.append)
     monkeypatch.delenv("SHIM_STRICT", raising=False)
@@ -84,3 +87,4 @@ def test_an_error_here_leaves_the_job_as_the_user_gave_it_and_strict_raises(monk
         pass
     else:
         raise AssertionError("SHIM_STRICT=1 did not raise")
+    assert len(made) == 2 and not any(os.path.exists(path) for path in made), made  # no staging folder left
