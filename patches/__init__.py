@@ -104,6 +104,7 @@ INDEX = (
     ("trainer-metrics", "trainer_metrics", "transformers.trainer", "trainer-metrics"),
     ("trainer-metrics-swift", "trainer_metrics", "swift.trainers.rlhf_trainer.rollout_mixin", "trainer-metrics"),
     ("trainer-metrics-swift-4x", "trainer_metrics", "swift.rlhf_trainers.rollout_mixin", "trainer-metrics"),
+    ("ray-cluster-workers", "ray_cluster", "ray._private.worker", "ray-cluster-workers"),
 )
 
 REMOVED = {}

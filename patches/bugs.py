@@ -85,4 +85,6 @@ BUGS = (
     Bug("verl-vlm-encoder-cache", _gh("volcengine/verl#6523"), "image embeddings of old weights reused after an update",
         "image inputs (VLM)", V),
     Bug("trainer-metrics", None, "shim/ figures, stale-rollout alarm"),
+    Bug("ray-cluster-workers", None, "the shim in the actors of a `ray start` cluster, from the driver (no install "
+        "on the nodes)", "a cluster started with `ray start`"),
 )

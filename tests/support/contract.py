@@ -41,7 +41,8 @@ CASES = ("before", "after", "out_of_range", "shape", "apply_raises")
 def targets() -> dict:
     """patch id -> ``(kind, release)``, the record's ``tested_at``: where its upstream module is importable at an
     affected release (the test environments of tests/support/envs.py and swift_envs.py; ``vllm``: the stand-in
-    alone, ``vllm-npu``: its NPU mode, ``swift-megatron``: ms-swift with the mcore-bridge stand-in)."""
+    alone, ``vllm-npu``: its NPU mode, ``swift-megatron``: ms-swift with the mcore-bridge stand-in, ``ray``: the
+    verl envs' Ray alone)."""
     from shim.engine import catalog
 
     return {patch.id: patch.tested_at for patch in catalog.all_patches()}
@@ -75,6 +76,11 @@ def _environment(kind: str, release: str):
         python, vllm = sys.executable, None
         path, verl_env = verl_environment(release)
         env.update(verl_env)
+    elif kind == "ray":  # Ray alone (the verl envs' shared packages): no vLLM
+        from tests.support.envs import verl_deps_path
+
+        python, vllm = sys.executable, None
+        path = [verl_deps_path()]
     elif kind == "vllm-npu":  # the stand-in in NPU mode, with vllm-ascend metadata
         from tests.support.stand_in import site
 
@@ -125,7 +131,7 @@ def _compute(kind: str, release: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="contract-") as out:
         args = [f"{pid}:{case}" for pid in pids for case in CASES]
         extra = (["--megatron"] if kind == "swift-megatron" else []) + (["--swift"] if kind.startswith("swift") else []) \
-            + (["--trl"] if kind == "trl" else [])
+            + (["--trl"] if kind == "trl" else []) + (["--bare"] if kind == "ray" else [])
         proc = subprocess.run([python, str(CHILD), out, *extra, *args], env=env, capture_output=True, text=True,
                               timeout=1800, cwd=str(REPO))
         for arg in args:

@@ -1,6 +1,6 @@
 """The cases of the patch contract, each in a fresh process (``tests/support/contract.py`` starts it).
 
-    python contract_child.py OUT_DIR [--megatron] [--swift] PATCH_ID:CASE ...
+    python contract_child.py OUT_DIR [--megatron] [--swift] [--trl] [--bare] PATCH_ID:CASE ...
 
 ``CONTRACT_CASE_ENV`` (JSON ``{patch id: {var: value}}``): set in that patch's case forks.
 
@@ -140,6 +140,9 @@ def main():
     if "--trl" in args:
         args.remove("--trl")
         optional = TRL_PRELOAD
+    if "--bare" in args:  # a record whose upstream needs neither torch nor transformers (Ray's)
+        args.remove("--bare")
+        preload = ()
     for name in preload:  # the expensive part, paid once; nothing of the shim or the patched code
         importlib.import_module(name)
     for name in optional:

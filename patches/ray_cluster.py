@@ -1,0 +1,69 @@
+"""Actors and tasks of a Ray cluster started with ``ray start`` run without the shim unless every node installed it.
+
+Upstream: none (a feature of the shim's activation). Asked for in issue 30 item 4 (multi-node verl, OpenRLHF,
+          ms-swift Ray: a worker of a ``ray start`` cluster is the raylet's child, not the driver's, so the
+          ``PYTHONPATH`` of ``python -m shim`` never reaches it)
+Affects:  ray >=2.10.0 (``runtime_env`` ``worker_process_setup_hook``; read in ray 2.49.2), a driver joining a
+          cluster it did not start (``ray.init(address=...)``, ``RAY_ADDRESS``, ``ray job submit``)
+Remove:   never (a feature)
+
+One wrapper on the driver's ``ray._private.worker.connect`` (``shim.ray.cluster.wrap_connect``), where Ray holds
+the job's final runtime_env (``ray.init``'s, ``JobConfig``'s and a submitted job's, merged) before it uploads it:
+the shim's setup hook (chaining the user's), the driver's ``SHIM_*`` switches (the user's ``env_vars`` win) and
+the shim package (``py_modules``, after the user's; with the driver's ``wrapt`` for a node that has none) are
+added; the user's objects are never changed. Not ``ray.init``: a runtime_env field added there conflicts with a
+submitted job's own (``_merge_runtime_env`` refuses the job), and ``ray/__init__`` binds ``init`` by name. Stands
+down where ``connect`` has no ``node`` / ``mode`` / ``job_config`` parameter or Ray has no setup hook.
+"""
+from shim.engine.patch import FEATURE, Patch
+from shim.engine.probes import changed
+
+ID = "ray-cluster-workers"
+
+
+def _probe(module):
+    import inspect
+
+    connect = getattr(module, "connect", None)
+    if not callable(connect):
+        return changed("ray._private.worker.connect not found")
+    try:
+        params = inspect.signature(connect).parameters
+    except (TypeError, ValueError):
+        return changed("ray._private.worker.connect has no readable signature")
+    missing = [name for name in ("node", "mode", "job_config") if name not in params]
+    if missing:
+        return changed(f"ray._private.worker.connect has no {', '.join(missing)} parameter")
+    from shim.ray.cluster import SCRIPT_MODE
+
+    if getattr(module, "SCRIPT_MODE", None) != SCRIPT_MODE:
+        return changed(f"ray._private.worker.SCRIPT_MODE is not {SCRIPT_MODE}")
+    if not callable(getattr(module, "upload_worker_process_setup_hook_if_needed", None)):
+        return changed("ray._private.worker does not upload a worker_process_setup_hook")
+    return None
+
+
+def _apply(module, patcher):
+    from shim.ray import cluster
+
+    patcher.wrap(module, "connect", cluster.wrap_connect)
+
+
+PATCHES = [
+    Patch(
+        id=ID,
+        kind=FEATURE,
+        tested_at=("ray", "2.49.2"),
+        issue="Ray workers of a `ray start` cluster",
+        distribution="ray",
+        affected=">=2.10.0",
+        module="ray._private.worker",
+        apply=_apply,
+        probe=_probe,
+        summary="a driver under the shim joining a Ray cluster gives its job's workers the shim through the "
+                "job's runtime_env (setup hook, SHIM_* switches, the shim as py_modules), merged with the user's",
+        verified="CPU: a real `ray start --head` cluster (ray 2.49.2, loopback) whose nodes lack the shim: an actor "
+                 "of a driver under `import shim.auto` / `python -m shim` has it active with the driver's switches, "
+                 "the user's setup hook, env_vars and py_modules kept; without this record it has no shim",
+    ),
+]
