@@ -77,6 +77,9 @@ SIZES = {
                  num_key_value_heads=2),
     "wide": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=32,
                  num_key_value_heads=4),
+    # ~3.3 B parameters, over 3x "wide": the verification cost on a bigger model (issue 30 item 6)
+    "big": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=34, num_attention_heads=48,
+                num_key_value_heads=8),
 }
 
 

@@ -98,6 +98,7 @@ EOF
 # markers every GPU process holds one device lock (tests/gpu/devlock.py, $SHIM_GPU_LOCK) from before
 # its first device work to its exit; its events file gives the device order printed at the end.
 PHASES=" ${PHASES:-trl5312 cost sleep} "
+IFS=',' read -r -a VERIFY_ONLY_LIST <<< "${VERIFY_ONLY:-}"   # comma-separated labels
 rm -f "$W"/A.done "$W"/B.done "$W"/M.done "$W"/V.done "$W"/T.done "$W"/R.done "$W"/L.done
 rm -f "$W"/bench_*.txt  # (printed at the end: none left from an earlier call's phases)
 export SHIM_GPU_LOCK="$W/device.lock"
@@ -133,9 +134,12 @@ if [[ $PHASES == *" sleep "* ]]; then
   AFTER+=("$W/M.done")
 else skip sleep M.done; fi
 if [[ $PHASES == *" verify "* ]]; then
-  launch verify bench_verify.txt - python3 bench/gpu_verify_weights.py "${TRLARGS[@]}" --model "$W/wide" \
-    --workdir "$W/verify" --after "${AFTER[@]}" --steps "${STEPS_VERIFY:-8}" --out "$OUT/gpu_verify_weights.json" \
-    --done "$W/V.done"
+  # SIZE_VERIFY=big: the ~3.3 B model (made in $W/verify/big); VERIFY_ONLY: labels of the runs to do
+  # shellcheck disable=SC2086
+  launch verify bench_verify.txt - python3 bench/gpu_verify_weights.py "${TRLARGS[@]}" \
+    $([ "${SIZE_VERIFY:-wide}" = wide ] && echo --model "$W/wide" || echo --size "$SIZE_VERIFY") \
+    --workdir "$W/verify" --after "${AFTER[@]}" --steps "${STEPS_VERIFY:-8}" ${VERIFY_ONLY:+--only} \
+    "${VERIFY_ONLY_LIST[@]}" --out "$OUT/gpu_verify_weights${SIZE_VERIFY:+_$SIZE_VERIFY}.json" --done "$W/V.done"
   AFTER+=("$W/V.done")
 else skip verify V.done; fi
 if [[ $PHASES == *" shimtime "* ]]; then
