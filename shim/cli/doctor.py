@@ -53,7 +53,7 @@ def _short(reference: str) -> str:
     return f"{parts[-4]}/{parts[-3]}#{parts[-1]}" if len(parts) >= 5 and parts[-2] in ("issues", "pull") else reference
 
 
-_BITES_WITH_EXPANDABLE = ("vllm-sleep-guard",)
+_BITES_WITH_EXPANDABLE = ("allocator-guard",)
 """Bugs whose feature doctor reads here: expandable segments in this environment's allocator setting."""
 WIDTH = 100
 

@@ -53,18 +53,18 @@ def test_a_bug_of_a_feature_you_may_not_use_never_fails_doctor():
     path = (trl_path("1.10.0"), stand_in.site())
     code, out = doctor(*path)
     assert code == 0 and out.rstrip().endswith("doctor: nothing known-bad left unhandled"), out
-    for bug, feature in (("trl-online-dpo-resync", "OnlineDPOTrainer"), ("trl-vlm-encoder-cache", "image inputs"),
-                         ("trl-lora-merge-drift", "PEFT LoRA"), ("trl-push-reprocess", "an MLA model")):
+    for bug, feature in (("trl-online-dpo-resync", "OnlineDPOTrainer"), ("trl-encoder-cache", "image inputs"),
+                         ("trl-lora-drift", "PEFT LoRA"), ("mla-push-reprocess", "an MLA model")):
         assert re.search(rf"^  {bug} +if you use {re.escape(feature)}.*: fixed\*$", out, re.M), (bug, out)
     assert "* where the shim runs: start training with `vllm-sleep-shim CMD`" in out, out
     assert "AFFECTED" not in out, out
     # a feature's fix turned off: said, still no failure (the run may not use it)
-    code, off = doctor(*path, SHIM_DISABLED_PATCHES="trl-lora-merge-drift")
-    assert code == 0 and re.search(r"^  trl-lora-merge-drift +if you use PEFT LoRA: NOT fixed \(trl-lora-merge-drift-sync "
+    code, off = doctor(*path, SHIM_DISABLED_PATCHES="trl-lora-drift")
+    assert code == 0 and re.search(r"^  trl-lora-drift +if you use PEFT LoRA: NOT fixed \(trl-lora-merge-drift-sync "
                                    r"disabled\)$", off, re.M), off
     # the feature doctor can see here: expandable segments in the allocator setting
     code, exp = doctor(*path, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    assert code == 1 and re.search(r"^  vllm-sleep-guard +AFFECTED \(vllm 0\.24\.0; modelscope/ms-swift#6636\); fixed only",
+    assert code == 1 and re.search(r"^  allocator-guard +AFFECTED \(vllm 0\.24\.0; modelscope/ms-swift#6636\); fixed only",
                                    exp, re.M), exp
     code, old = doctor(trl_path("1.9.2"), stand_in.site())
     assert code == 1 and re.search(r"^  trl-stale-weights +AFFECTED \(trl 1\.9\.2; huggingface/trl#5312\)", old, re.M), old
@@ -101,7 +101,7 @@ def test_under_the_launcher_every_process_is_fixed_exit_0():
     assert "not fixed in every process" not in out and "start training through the shim" not in out, out
     assert re.search(r"^activation: through the launcher \(.*_bootstrap on PYTHONPATH\): this process and every", out, re.M)
     assert re.search(r"^  trl-stale-weights +affected \(trl 1\.9\.2; huggingface/trl#5312\); fixed$", out, re.M), out
-    assert re.search(r"^  vllm-level2-buffers +if you use kv_cache-first wakes \(TRL GOLD\): fixed$", out, re.M), out
+    assert re.search(r"^  level2-buffers +if you use kv_cache-first wakes \(TRL GOLD\): fixed$", out, re.M), out
     assert code == 0 and out.rstrip().endswith("doctor: nothing known-bad left unhandled"), out
     code, plain = doctor(*path)
     assert code == 1 and "not fixed in every process: trl-stale-weights" in plain, plain

@@ -49,7 +49,7 @@ def test_default_view_is_what_is_installed_here_within_100_columns():
     assert max(map(len, out)) <= 100, out
     bugs = [line.split()[0] for line in out[1:-1] if line[:1].strip()]
     assert out[0].split()[0] == "bug" and len(bugs) == len(set(bugs)), out  # issue 28: one row per bug
-    assert set(bugs) == {r["bug"] for r in rows if r["installed"]} and "vllm-sleep-guard" in bugs, out
+    assert set(bugs) == {r["bug"] for r in rows if r["installed"]} and "allocator-guard" in bugs, out
     hidden = {r["bug"] for r in absent} - set(bugs)
     assert out[-1].startswith(f"{len(hidden)} more bugs for distributions not installed here (trl, ms-swift, ")
     assert out[-1].endswith("): python -m shim status --all"), out[-1]
@@ -57,7 +57,7 @@ def test_default_view_is_what_is_installed_here_within_100_columns():
     full = shim_status("--all", path=[site]).splitlines()
     assert max(map(len, full)) <= 100, full
     assert {line.split()[0] for line in full[1:] if line[:1].strip()} == {r["bug"] for r in rows}
-    guard = [r for r in rows if r["bug"] == "vllm-sleep-guard"]  # --json: every site, with its bug's reference
+    guard = [r for r in rows if r["bug"] == "allocator-guard"]  # --json: every site, with its bug's reference
     assert [r["id"] for r in guard] == ["vllm-sleep-guard", "vllm-worker-sleep-guard", "vllm-ascend-worker-sleep-guard"]
     assert {r["reference"] for r in guard} == {"https://github.com/modelscope/ms-swift/issues/6636"}
 
@@ -67,8 +67,8 @@ def test_a_bug_row_names_the_site_that_acted():
     LoRA merge drift is fixed by its 0.28-1.10 site; the allocator guard applied on two of its three sites)."""
     out = shim_status("--import", path=[str(trl_path("1.9.2")), stand_in.site()])
     rows = {line.split()[0]: line for line in out.splitlines()[1:] if line[:1].strip()}
-    assert rows["trl-lora-merge-drift"].rstrip().endswith("applied [trl-lora-merge-drift-sync]"), out
-    assert rows["vllm-sleep-guard"].rstrip().endswith("applied [2 sites]"), out
+    assert rows["trl-lora-drift"].rstrip().endswith("applied [trl-lora-merge-drift-sync]"), out
+    assert rows["allocator-guard"].rstrip().endswith("applied [2 sites]"), out
     assert rows["trl-stale-weights"].rstrip().endswith("applied"), out
 
 
@@ -81,7 +81,7 @@ def test_decisions_read_from_inside_a_job():
             "print(json.dumps(shim.decisions()))")
     proc = run_python(code, path=[stand_in.site()], env=clean_env(SHIM_DISABLED_PATCHES="vllm-prefix-reset-check"))
     rows = {r["id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
-    assert rows["vllm-sleep-guard"]["decision"] == "applied" and rows["vllm-sleep-guard"]["bug"] == "vllm-sleep-guard"
+    assert rows["vllm-sleep-guard"]["decision"] == "applied" and rows["vllm-sleep-guard"]["bug"] == "allocator-guard"
     assert rows["vllm-prefix-reset-check"]["decision"] == "disabled", rows["vllm-prefix-reset-check"]
     assert rows["trl-stale-weights"]["decision"] == "stand down", rows["trl-stale-weights"]  # TRL not installed here
     assert set(rows["vllm-sleep-guard"]) == {"id", "bug", "reference", "kind", "distribution", "installed", "affected",
