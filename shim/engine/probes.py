@@ -78,6 +78,17 @@ def source(func, label: str) -> tuple:
         return None, changed(f"source of {label} not readable ({exc})")
 
 
+def params(func, label: str) -> tuple:
+    """``(parameter names, None)`` of ``func``, or ``(None, reason)`` where it has no signature (a
+    :func:`changed` reason)."""
+    import inspect
+
+    try:
+        return list(inspect.signature(func).parameters), None
+    except (TypeError, ValueError) as exc:
+        return None, changed(f"{label} has no signature ({exc})")
+
+
 def fixed_if_contains(func, label: str, needles, fixed: str) -> "str | None":
     """``fixed`` (the stand-down reason) where the source of ``func`` contains one of ``needles`` (a string or
     several): upstream has the fix; a :func:`changed` reason where it cannot be read; else None."""
