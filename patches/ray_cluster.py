@@ -16,22 +16,19 @@ submitted job's own (``_merge_runtime_env`` refuses the job), and ``ray/__init__
 down where ``connect`` has no ``node`` / ``mode`` / ``job_config`` parameter or Ray has no setup hook.
 """
 from shim.engine.patch import FEATURE, Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, params
 
 ID = "ray-cluster-workers"
 
 
 def _probe(module):
-    import inspect
-
     connect = getattr(module, "connect", None)
     if not callable(connect):
         return changed("ray._private.worker.connect not found")
-    try:
-        params = inspect.signature(connect).parameters
-    except (TypeError, ValueError):
-        return changed("ray._private.worker.connect has no readable signature")
-    missing = [name for name in ("node", "mode", "job_config") if name not in params]
+    names, reason = params(connect, "ray._private.worker.connect")
+    if reason:
+        return reason
+    missing = [name for name in ("node", "mode", "job_config") if name not in names]
     if missing:
         return changed(f"ray._private.worker.connect has no {', '.join(missing)} parameter")
     from shim.ray.cluster import SCRIPT_MODE

@@ -45,59 +45,45 @@ import sys
 
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
+from shim.swift.expandable_segments import set_expandable_segments
 
 
-def set_expandable_segments(enable: bool) -> None:
-    """Device-agnostic stand-in for ms-swift's helper (``shim.vllm.alloc_guard``)."""
-    from shim.vllm import alloc_guard, memory
-
-    if enable:
-        alloc_guard.resume()
-    else:
-        alloc_guard.suspend(memory.probe())
+def probe(module):
+    if not callable(getattr(module, "set_expandable_segments", None)):
+        name = getattr(module, "__name__", "").rpartition(".")[2] or "rollout_mixin"
+        return changed(f"{name}.set_expandable_segments not found")
+    return None
 
 
-
-def _binder(utils_module):
-    def probe(module):
-        if not callable(getattr(module, "set_expandable_segments", None)):
-            name = getattr(module, "__name__", "").rpartition(".")[2] or "rollout_mixin"
-            return changed(f"{name}.set_expandable_segments not found")
-        return None
-
+def _apply(utils_module):
+    """Rebind the rollout mixin's name, and ``utils_module``'s (4.x's ``sleep_vllm_engine`` calls it there)."""
     def apply(module, patcher):
         patcher.set(module, "set_expandable_segments", set_expandable_segments)
         utils = sys.modules.get(utils_module)
         if utils is not None and callable(getattr(utils, "set_expandable_segments", None)):
             patcher.set(utils, "set_expandable_segments", set_expandable_segments)
 
-    return probe, apply
+    return apply
 
 
-def _patch(patch_id, affected, module, utils_module, tested_at):
-    probe, apply = _binder(utils_module)
-    return Patch(
-        id=patch_id,
-        issue="modelscope/ms-swift#6636",
-        distribution="ms-swift",
-        affected=affected,
-        module=module,
-        apply=apply,
-        probe=probe,
-        summary="rollout set_expandable_segments -> shim allocator guard (every route, NPU too, user's string kept)",
-        verified="CPU: real ms-swift 3.10.1/4.6.0 rollouts on the stand-in",
-        tested_at=tested_at,
-    )
-
-
-V3 = _patch("swift-expandable-segments", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
-            "swift.trainers.rlhf_trainer.utils", ("swift", "3.10.1"))
-V4 = _patch("swift-expandable-segments-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin",
-            "swift.rlhf_trainers.utils", ("swift", "4.6.0"))
+V3 = Patch(
+    id="swift-expandable-segments",
+    issue="modelscope/ms-swift#6636",
+    distribution="ms-swift",
+    affected=">=3.10.0,<4.0.0",
+    module="swift.trainers.rlhf_trainer.rollout_mixin",
+    apply=_apply("swift.trainers.rlhf_trainer.utils"),
+    probe=probe,
+    summary="rollout set_expandable_segments -> shim allocator guard (every route, NPU too, user's string kept)",
+    verified="CPU: real ms-swift 3.10.1/4.6.0 rollouts on the stand-in",
+    tested_at=("swift", "3.10.1"),
+)
+V4 = V3.like(id="swift-expandable-segments-4x", affected=">=4.0.0", module="swift.rlhf_trainers.rollout_mixin",
+             apply=_apply("swift.rlhf_trainers.utils"), tested_at=("swift", "4.6.0"))
 # Megatron (4.x): the same by-name import in the Megatron rollout mixin and the Ray rollout engine.
-V4_MEGATRON = _patch("swift-expandable-segments-megatron", ">=4.0.0", "swift.megatron.trainers.rollout_mixin",
-                     "swift.rlhf_trainers.utils", ("swift-megatron", "4.6.0"))
-V4_RAY = _patch("swift-expandable-segments-ray", ">=4.0.0", "swift.ray.megatron.rollout.ray_vllm_engine",
-                "swift.rlhf_trainers.utils", ("swift-megatron", "4.6.0"))
+V4_MEGATRON = V4.like(id="swift-expandable-segments-megatron", module="swift.megatron.trainers.rollout_mixin",
+                      tested_at=("swift-megatron", "4.6.0"))
+V4_RAY = V4.like(id="swift-expandable-segments-ray", module="swift.ray.megatron.rollout.ray_vllm_engine",
+                 tested_at=("swift-megatron", "4.6.0"))
 
 PATCHES = [V3, V4, V4_MEGATRON, V4_RAY]

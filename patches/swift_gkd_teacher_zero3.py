@@ -33,7 +33,7 @@ builds a DeepSpeed config or ``zero.Init`` context for the teacher itself, or
 where the code no longer has the shape above.
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, params, source
 
 ID = "swift-gkd-teacher-zero3"
 _ALREADY = ("HfTrainerDeepSpeedConfig", "HfDeepSpeedConfig", "zero.Init", "set_hf_deepspeed_config",
@@ -42,47 +42,43 @@ _EXPECTED = ("disable_deepspeed_zero3", "teacher_deepspeed", "get_model_processo
 
 
 def _probe(module):
-    import inspect
-
-    cls = getattr(module, "SwiftRLHF", None)
-    func = getattr(cls, "_prepare_single_model", None) if cls is not None else None
+    func = getattr(getattr(module, "SwiftRLHF", None), "_prepare_single_model", None)
     if func is None:
         return changed("no SwiftRLHF._prepare_single_model")
-    try:
-        source = inspect.getsource(func)
-        params = list(inspect.signature(func).parameters)
-    except (OSError, TypeError, ValueError) as exc:
-        return changed(f"source not readable ({exc})")
-    if any(token in source for token in _ALREADY):
+    text, reason = source(func, "SwiftRLHF._prepare_single_model")
+    if reason:
+        return reason
+    names, reason = params(func, "SwiftRLHF._prepare_single_model")
+    if reason:
+        return reason
+    if any(token in text for token in _ALREADY):
         return "ms-swift already loads a ZeRO-3 teacher under its own config"
-    missing = [t for t in _EXPECTED if t not in source]
-    if missing or params[:2] != ["self", "key"]:
+    missing = [t for t in _EXPECTED if t not in text]
+    if missing or names[:2] != ["self", "key"]:
         return changed(f"_prepare_single_model lacks {', '.join(missing) or 'key'}")
     return None
 
 
-def _make_apply(patch_id):
-    def apply(module, patcher):
-        from shim.swift import teacher
+def apply(module, patcher):
+    from shim.swift import teacher
 
-        patcher.wrap(module.SwiftRLHF, "_prepare_single_model", teacher.load_wrapper(module, patch_id))
-
-    return apply
+    patcher.wrap(module.SwiftRLHF, "_prepare_single_model", teacher.load_wrapper(module, patcher.patch_id))
 
 
-_COMMON = dict(
+PATCH_3_10 = Patch(
+    id=ID,
+    tested_at=("swift", "3.10.1"),
     issue="modelscope/ms-swift#6639",
     distribution="ms-swift",
+    affected=">=3.10.0,<4.0.0",
+    module="swift.llm.train.rlhf",
+    apply=apply,
     probe=_probe,
     summary="GKD teacher with --teacher_deepspeed zero3 loads partitioned (zero.Init) under a non-ZeRO-3 "
             "student; memory preflight from config.json fails fast",
     verified="CPU: real ms-swift 3.10.0/3.10.1/4.6.0 SwiftRLHF, deepspeed 0.19.8: ZeRO-3 on during the "
              "teacher load with the shim, off without; 235B-A22B-shaped config on 8x80 GB fails fast",
 )
-
-PATCH_3_10 = Patch(id=ID, affected=">=3.10.0,<4.0.0", module="swift.llm.train.rlhf", apply=_make_apply(ID),
-                   tested_at=("swift", "3.10.1"),
-                   **_COMMON)
-PATCH_4 = Patch(id=ID + "-4x", affected=">=4.0.0", module="swift.pipelines.train.rlhf",
-                apply=_make_apply(ID + "-4x"), tested_at=("swift", "4.6.0"), **_COMMON)
+PATCH_4 = PATCH_3_10.like(id=ID + "-4x", affected=">=4.0.0", module="swift.pipelines.train.rlhf",
+                          tested_at=("swift", "4.6.0"))
 PATCHES = [PATCH_3_10, PATCH_4]

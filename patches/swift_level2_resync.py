@@ -34,45 +34,22 @@ first sync runs without the trained adapter. 3.12.0 merges the adapter into ever
 it stands down by probe where ``_move_full_model_to_vllm`` merges or pushes the adapter itself.
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, method, source
+from shim.swift.level2_resync import fast_infer, move_full_model_to_vllm
 
 _FIXED = "sleep_level == 2"
 
 
-def _fast_infer(wrapped, instance, args, kwargs):
-    train_args = getattr(instance, "args", None)
-    executor = getattr(getattr(instance, "engine", None), "inner_model_executor", None)
-    # 3.2.1-3.4.x have no vllm_mode (colocate is the only mode with a local engine that sleeps)
-    if (getattr(instance, "vllm_mode", "colocate") == "colocate" and getattr(train_args, "sleep_level", 0) == 2
-            and getattr(executor, "is_sleeping", False)):
-        instance._last_loaded_step = None  # never equal to global_step: the push runs
-        if hasattr(instance, "base_sync_done"):  # 3.10+: with vllm_enable_lora the base was discarded too
-            instance.base_sync_done = False
-    return wrapped(*args, **kwargs)
-
-
-def _move_full_model_to_vllm(wrapped, instance, args, kwargs):
-    """3.10+: the full push wrote the base weights only (vLLM applies the adapter, ``should_merge_adapter``
-    False); after a level-2 sleep the adapter vLLM holds is gone too: push the trainer's adapter."""
-    result = wrapped(*args, **kwargs)
-    train_args = getattr(instance, "args", None)
-    if (getattr(instance, "vllm_mode", "colocate") == "colocate" and getattr(train_args, "sleep_level", 0) == 2
-            and getattr(train_args, "train_type", None) == "lora" and getattr(instance, "rollout_enable_lora", False)
-            and not getattr(instance, "should_merge_adapter", True)):
-        instance._move_adapter_to_vllm()
-    return result
-
-
-def _probe_class(cls, name: str, own: bool):
-    import inspect
-
-    fast = vars(cls).get("_fast_infer") if own else getattr(cls, "_fast_infer", None)
+def _probe(cls, name: str, own: bool):
+    fast = method(cls, "_fast_infer", own)
     if fast is None or not any(hasattr(cls, m) for m in ("_move_model_to_vllm", "_move_model_to_vllm_lmdeploy")):
         return changed(f"{name}._fast_infer/_move_model_to_vllm not found")
-    source = inspect.getsource(fast)
-    if "_last_loaded_step" not in source:
+    text, reason = source(fast, f"{name}._fast_infer")
+    if reason:
+        return reason
+    if "_last_loaded_step" not in text:
         return changed(f"{name}._fast_infer does not gate the push on _last_loaded_step")
-    if _FIXED in source:
+    if _FIXED in text:
         return f"fixed upstream ({name}._fast_infer pushes after sleep_level == 2)"
     return None
 
@@ -83,21 +60,21 @@ def probe(module):
         return changed("RolloutTrainerMixin not found")
     if not all(hasattr(cls, m) for m in ("_move_full_model_to_vllm", "_move_adapter_to_vllm")):
         return changed("RolloutTrainerMixin._move_full_model_to_vllm/_move_adapter_to_vllm not found")
-    return _probe_class(cls, "RolloutTrainerMixin", own=False)
+    return _probe(cls, "RolloutTrainerMixin", own=False)
 
 
 def probe_lora(module):
-    import inspect
-
     cls = getattr(module, "RolloutTrainerMixin", None)
     names = ("_move_model_to_vllm", "_move_full_model_to_vllm", "_move_adapter_to_vllm")
     if cls is None or not all(hasattr(cls, m) for m in names):
-        return changed("RolloutTrainerMixin._move_model_to_vllm/_move_full_model_to_vllm/" \
-               "_move_adapter_to_vllm not found")
-    try:
-        full, move = inspect.getsource(cls._move_full_model_to_vllm), inspect.getsource(cls._move_model_to_vllm)
-    except (OSError, TypeError) as exc:
-        return changed(f"RolloutTrainerMixin push methods not readable ({exc})")
+        return changed("RolloutTrainerMixin._move_model_to_vllm/_move_full_model_to_vllm/"
+                       "_move_adapter_to_vllm not found")
+    full, reason = source(cls._move_full_model_to_vllm, "RolloutTrainerMixin._move_full_model_to_vllm")
+    if reason:
+        return reason
+    move, reason = source(cls._move_model_to_vllm, "RolloutTrainerMixin._move_model_to_vllm")
+    if reason:
+        return reason
     if "_move_adapter_to_vllm" in full or "should_merge_adapter" not in full:
         return "fixed upstream (RolloutTrainerMixin._move_full_model_to_vllm merges or pushes the adapter)"
     if _FIXED not in move:
@@ -106,23 +83,23 @@ def probe_lora(module):
 
 
 def apply_lora(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_move_full_model_to_vllm", _move_full_model_to_vllm)
+    patcher.wrap(module.RolloutTrainerMixin, "_move_full_model_to_vllm", move_full_model_to_vllm)
 
 
 def probe_grpo(module):
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
         return changed("GRPOTrainer not found")
-    return _probe_class(cls, "GRPOTrainer", own=True)  # its own _fast_infer, not the 3.10+ mixin's
+    return _probe(cls, "GRPOTrainer", own=True)  # its own _fast_infer, not the 3.10+ mixin's
 
 
 def apply(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", _fast_infer)
-    patcher.wrap(module.RolloutTrainerMixin, "_move_full_model_to_vllm", _move_full_model_to_vllm)
+    patcher.wrap(module.RolloutTrainerMixin, "_fast_infer", fast_infer)
+    patcher.wrap(module.RolloutTrainerMixin, "_move_full_model_to_vllm", move_full_model_to_vllm)
 
 
 def apply_grpo(module, patcher):
-    patcher.wrap(module.GRPOTrainer, "_fast_infer", _fast_infer)
+    patcher.wrap(module.GRPOTrainer, "_fast_infer", fast_infer)
 
 
 PATCH = Patch(

@@ -46,21 +46,25 @@ def apply(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_move_model_to_vllm", lora_merge.move_model_to_vllm(patcher.patch_id))
 
 
-def _patch(patch_id, affected, module, tested_at, verified):
-    return Patch(id=patch_id, kind="fix", tested_at=("swift", tested_at), issue="ms-swift LoRA merge drift",
-                 distribution="ms-swift", affected=affected, module=module, apply=apply, probe=probe,
-                 summary="LoRA weight push (full push with the adapter merged, and the adapter push): merged out "
-                         "of place per tensor as _load_state_dict_to_vllm reads it, so the frozen base keeps its "
-                         "bytes",
-                 verified=verified)
-
-
-PATCH = _patch("swift-lora-merge-drift", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin", "4.6.0",
-               "CPU: real ms-swift 4.6.0 RolloutTrainerMixin (--tuner_type lora, bf16, PEFT 0.20.0 Linear + "
-               "Embedding; and --vllm_enable_lora true) on the vLLM stand-in: base bytes unchanged, engine = base "
-               "+ adapter")
-PATCH_3X = _patch("swift-lora-merge-drift-3x", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin",
-                  "3.10.1", "CPU: real ms-swift 3.10.1 RolloutTrainerMixin (--train_type lora, bf16, PEFT 0.17.1) "
-                  "on the vLLM stand-in: base bytes unchanged, engine = base + adapter")
+PATCH = Patch(
+    id="swift-lora-merge-drift",
+    kind="fix",
+    tested_at=("swift", "4.6.0"),
+    issue="ms-swift LoRA merge drift",
+    distribution="ms-swift",
+    affected=">=4.0.0",
+    module="swift.rlhf_trainers.rollout_mixin",
+    apply=apply,
+    probe=probe,
+    summary="LoRA weight push (full push with the adapter merged, and the adapter push): merged out of place per "
+            "tensor as _load_state_dict_to_vllm reads it, so the frozen base keeps its bytes",
+    verified="CPU: real ms-swift 4.6.0 RolloutTrainerMixin (--tuner_type lora, bf16, PEFT 0.20.0 Linear + Embedding; "
+             "and --vllm_enable_lora true) on the vLLM stand-in: base bytes unchanged, engine = base + adapter",
+)
+PATCH_3X = PATCH.like(
+    id="swift-lora-merge-drift-3x", affected=">=3.10.0,<4.0.0", module="swift.trainers.rlhf_trainer.rollout_mixin",
+    tested_at=("swift", "3.10.1"),
+    verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin (--train_type lora, bf16, PEFT 0.17.1) on the vLLM "
+             "stand-in: base bytes unchanged, engine = base + adapter")
 
 PATCHES = [PATCH, PATCH_3X]

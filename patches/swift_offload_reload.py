@@ -32,15 +32,13 @@ A probe stands a record down where ``offload_context`` already reloads according
 ``offload_model`` moved (4.6.0's GRPOTrainer).
 """
 from shim.engine.patch import FIX, Patch
-from shim.engine.probes import changed, missing, source
+from shim.engine.probes import changed, missing, params, source
 from shim.swift import offload_reload
 
 _FIXED = ("models_to_reload", "if self.offload_model(")  # 4.6.0 GRPOTrainer: reloads what offload_model moved
 
 
-def _probe_class(module, name: str):
-    import inspect
-
+def _probe(module, name: str):
     cls = getattr(module, name, None)
     gone = missing(cls, ("offload_context",), label=name, own=True) or missing(cls, ("offload_model", "load_model"),
                                                                                label=name)
@@ -54,21 +52,20 @@ def _probe_class(module, name: str):
     if "self.offload_model(" not in text or "self.load_model(" not in text:
         return changed(f"{name}.offload_context does not call self.offload_model / self.load_model")
     for method in ("offload_model", "load_model"):
-        try:
-            params = list(inspect.signature(getattr(cls, method)).parameters)
-        except (TypeError, ValueError) as exc:
-            return changed(f"{name}.{method} has no signature ({exc})")
-        if params != ["self", "model"]:
-            return changed(f"{name}.{method}({', '.join(params)}) is not (self, model)")
+        names, reason = params(getattr(cls, method), f"{name}.{method}")
+        if reason:
+            return reason
+        if names != ["self", "model"]:
+            return changed(f"{name}.{method}({', '.join(names)}) is not (self, model)")
     return None
 
 
 def probe_gkd(module):
-    return _probe_class(module, "GKDTrainer")
+    return _probe(module, "GKDTrainer")
 
 
 def probe_grpo(module):
-    return _probe_class(module, "GRPOTrainer")
+    return _probe(module, "GRPOTrainer")
 
 
 def _apply_to(cls_name: str, patch_id: str):

@@ -30,7 +30,7 @@ order in every release 4.0.0-4.5.3 (read in the wheels: 4.0.0-4.2.x wake without
 ``state.global_step``. Record ``swift-megatron-resample-wake-order``, the same wrapper and probe.
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, method, source
 from shim.swift import wake_order
 
 _FIXED = ("needs_weight_sync", "tags.insert(0, 'weights')")
@@ -38,19 +38,19 @@ _EARLY = ("'tags': ['weights']", "wake_up(tags=['weights'])")
 _LATE = "wake_up(tags=['kv_cache'])"
 
 
-def _probe_class(cls, name: str, own: bool, method: str = "_fast_infer"):
-    import inspect
-
-    fast = vars(cls).get(method) if own else getattr(cls, method, None)
+def _probe(cls, name: str, own: bool, rollout: str = "_fast_infer"):
+    fast = method(cls, rollout, own)
     if fast is None or not hasattr(cls, "offload_context"):
-        return changed(f"{name}.{method}/offload_context not found")
-    source = inspect.getsource(fast)
-    if any(marker in source for marker in _FIXED):
-        return f"fixed upstream ({name}.{method} wakes the weights early only before a push)"
-    early = min((i for i in (source.find(e) for e in _EARLY) if i >= 0), default=-1)
-    context, late = source.find("with context()"), source.find(_LATE)
-    if not (0 <= early < context < late) or "_last_loaded_step" not in source:
-        return changed(f"{name}.{method} does not wake the weights before offload_context and the kv_cache "
+        return changed(f"{name}.{rollout}/offload_context not found")
+    text, reason = source(fast, f"{name}.{rollout}")
+    if reason:
+        return reason
+    if any(marker in text for marker in _FIXED):
+        return f"fixed upstream ({name}.{rollout} wakes the weights early only before a push)"
+    early = min((i for i in (text.find(e) for e in _EARLY) if i >= 0), default=-1)
+    context, late = text.find("with context()"), text.find(_LATE)
+    if not (0 <= early < context < late) or "_last_loaded_step" not in text:
+        return changed(f"{name}.{rollout} does not wake the weights before offload_context and the kv_cache "
                        "inside it")
     return None
 
@@ -60,7 +60,7 @@ def probe(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
         return changed("RolloutTrainerMixin not found")
-    return _probe_class(cls, "RolloutTrainerMixin", own=False)
+    return _probe(cls, "RolloutTrainerMixin", own=False)
 
 
 def probe_grpo(module):
@@ -69,7 +69,7 @@ def probe_grpo(module):
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
         return changed("GRPOTrainer not found")
-    return _probe_class(cls, "GRPOTrainer", own=True)
+    return _probe(cls, "GRPOTrainer", own=True)
 
 
 def probe_megatron(module):
@@ -77,7 +77,7 @@ def probe_megatron(module):
     cls = getattr(module, "MegatronRolloutMixin", None)
     if cls is None:
         return changed("MegatronRolloutMixin not found")
-    return _probe_class(cls, "MegatronRolloutMixin", own=False, method="_generate_completions")
+    return _probe(cls, "MegatronRolloutMixin", own=False, rollout="_generate_completions")
 
 
 def apply(module, patcher):

@@ -36,29 +36,30 @@ have the same gap in another shape (``offload_model(self)`` moves modules with
 ``module.to('cpu')``): not patched (out of range).
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, method, params, source
 from shim.swift import zero3_offload
 
 _FIXED = "ds_tensor"
 
 
-def _probe_class(module, cls, name: str, own: bool):
-    import inspect
-
+def _probe(module, cls, name: str, own: bool):
     methods = {}
-    for method in ("offload_model", "load_model"):
-        func = vars(cls).get(method) if own else getattr(cls, method, None)
+    for attr in ("offload_model", "load_model"):
+        func = method(cls, attr, own)
         if func is None:
-            return changed(f"{name}.{method} not found")
-        try:
-            methods[method] = (inspect.getsource(func), list(inspect.signature(func).parameters))
-        except (OSError, TypeError, ValueError) as exc:
-            return changed(f"{name}.{method} not readable ({exc})")
-    if any(_FIXED in source for source, _ in methods.values()):
+            return changed(f"{name}.{attr} not found")
+        text, reason = source(func, f"{name}.{attr}")
+        if reason:
+            return reason
+        names, reason = params(func, f"{name}.{attr}")
+        if reason:
+            return reason
+        methods[attr] = (text, names)
+    if any(_FIXED in text for text, _ in methods.values()):
         return f"fixed upstream ({name}.offload_model moves ds_tensor)"
-    for method, (source, params) in methods.items():
-        if params != ["self", "model"] or "param.data" not in source:
-            return changed(f"{name}.{method}(self, model) does not move param.data")
+    for attr, (text, names) in methods.items():
+        if names != ["self", "model"] or "param.data" not in text:
+            return changed(f"{name}.{attr}(self, model) does not move param.data")
     if "get_current_device" not in methods["load_model"][0] or not callable(getattr(module, "get_current_device",
                                                                                     None)):
         return changed(f"{name}.load_model does not use get_current_device")
@@ -69,14 +70,14 @@ def probe(module):
     cls = getattr(module, "RolloutTrainerMixin", None)
     if cls is None:
         return changed("RolloutTrainerMixin not found")
-    return _probe_class(module, cls, "RolloutTrainerMixin", own=False)
+    return _probe(module, cls, "RolloutTrainerMixin", own=False)
 
 
 def probe_grpo(module):
     cls = getattr(module, "GRPOTrainer", None)
     if cls is None:
         return changed("GRPOTrainer not found")
-    return _probe_class(module, cls, "GRPOTrainer", own=True)
+    return _probe(module, cls, "GRPOTrainer", own=True)
 
 
 def _apply_to(cls_name):

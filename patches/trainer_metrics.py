@@ -23,24 +23,20 @@ appends to ``log_history`` before it calls ``on_log`` (read in transformers
 that returned is one ``shim/weight_pushes`` (``shim.observe.trainer_metrics.count_push``).
 """
 from shim.engine.patch import FEATURE, Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, params
 
 ID = "trainer-metrics"
 
 
 def _probe(module):
-    import inspect
-
-    trainer = getattr(module, "Trainer", None)
-    log = getattr(trainer, "log", None)
+    log = getattr(getattr(module, "Trainer", None), "log", None)
     if log is None:
         return changed("transformers.trainer.Trainer.log not found")
-    try:
-        params = list(inspect.signature(log).parameters)
-    except (TypeError, ValueError):
-        return changed("Trainer.log has no readable signature")
-    if params[1:2] != ["logs"]:
-        return changed(f"Trainer.log{tuple(params)} has no 'logs' first argument")
+    names, reason = params(log, "Trainer.log")
+    if reason:
+        return reason
+    if names[1:2] != ["logs"]:
+        return changed(f"Trainer.log{tuple(names)} has no 'logs' first argument")
     return None
 
 
@@ -79,16 +75,20 @@ def _apply_swift(module, patcher):
     patcher.wrap(module.RolloutTrainerMixin, "_move_model_to_vllm", trainer_metrics.count_push)
 
 
-def _swift(patch_id, affected, module, tested_at):
-    return Patch(id=patch_id, kind=FEATURE, tested_at=tested_at, issue="trainer metrics (shim/ keys, stale-rollout alarm)", distribution="ms-swift", affected=affected, module=module,
-                 apply=_apply_swift, probe=_probe_swift,
-                 summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
-                 verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the "
-                          "pushes made")
+SWIFT = Patch(
+    id="trainer-metrics-swift",
+    kind=FEATURE,
+    tested_at=("swift", "3.10.1"),
+    issue="trainer metrics (shim/ keys, stale-rollout alarm)",
+    distribution="ms-swift",
+    affected=">=3.10.0,<4.0.0",
+    module="swift.trainers.rlhf_trainer.rollout_mixin",
+    apply=_apply_swift,
+    probe=_probe_swift,
+    summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
+    verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the pushes made",
+)
+SWIFT_4X = SWIFT.like(id="trainer-metrics-swift-4x", affected=">=4.0.0", module="swift.rlhf_trainers.rollout_mixin",
+                      tested_at=("swift", "4.6.0"))
 
-
-PATCHES = [
-    PATCH,
-    _swift("trainer-metrics-swift", ">=3.10.0,<4.0.0", "swift.trainers.rlhf_trainer.rollout_mixin", ("swift", "3.10.1")),
-    _swift("trainer-metrics-swift-4x", ">=4.0.0", "swift.rlhf_trainers.rollout_mixin", ("swift", "4.6.0")),
-]
+PATCHES = [PATCH, SWIFT, SWIFT_4X]

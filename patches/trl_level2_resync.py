@@ -18,24 +18,17 @@ from shim.engine.patch import Patch
 from shim.trl.colocate import binding
 
 
-def _patch(patch_id, module, class_name):
+def _site(class_name):
+    """The fields that name the trainer class: its binding, summary and evidence."""
     probe, apply = binding(class_name, "_generate_single_turn")
-    return Patch(
-        id=patch_id,
-        issue="trl 0.25-0.27 level-2 gap",
-        distribution="trl",
-        affected=">=0.25.0,<0.28.0",
-        module=module,
-        apply=apply,
-        probe=probe,
-        summary=f"{class_name}: trained weights pushed before every generate after a level-2 sleep; "
-                "no reload_weights from disk",
-        verified=f"CPU: real TRL 0.25.1/0.26.2/0.27.2 {class_name} on the vLLM stand-in",
-        tested_at=("trl", "0.27.2"),
-    )
+    return dict(probe=probe, apply=apply, verified=f"CPU: real TRL 0.25.1/0.26.2/0.27.2 {class_name} on the vLLM stand-in",
+                summary=f"{class_name}: trained weights pushed before every generate after a level-2 sleep; "
+                        "no reload_weights from disk")
 
 
-GRPO = _patch("trl-grpo-level2-resync", "trl.trainer.grpo_trainer", "GRPOTrainer")
-RLOO = _patch("trl-rloo-level2-resync", "trl.trainer.rloo_trainer", "RLOOTrainer")
+GRPO = Patch(id="trl-grpo-level2-resync", issue="trl 0.25-0.27 level-2 gap", distribution="trl",
+             affected=">=0.25.0,<0.28.0", module="trl.trainer.grpo_trainer", tested_at=("trl", "0.27.2"),
+             **_site("GRPOTrainer"))
+RLOO = GRPO.like(id="trl-rloo-level2-resync", module="trl.trainer.rloo_trainer", **_site("RLOOTrainer"))
 
 PATCHES = [GRPO, RLOO]

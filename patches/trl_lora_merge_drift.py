@@ -47,7 +47,7 @@ def apply_iter(module, patcher):
 
 
 def _pushes_itself(class_name, method):
-    """(probe, apply) for a push method that merges, then writes each tensor to the engine itself."""
+    """``probe`` and ``apply`` of a push method that merges, then writes each tensor to the engine itself."""
     label = f"{class_name}.{method}"
 
     def probe(module):
@@ -72,32 +72,40 @@ def _pushes_itself(class_name, method):
 
         patcher.wrap(getattr(module, class_name), method, lora_merge.pushes_merged(patcher.patch_id))
 
-    return probe, apply
+    return dict(probe=probe, apply=apply)
 
 
 _SUMMARY = ("PEFT LoRA weight push (colocate and server): the adapter merged out of place per tensor, so the "
             "frozen base keeps its bytes; the engine gets what upstream's in-place merge gives it")
 
 
-def _patch(patch_id, affected, module, probe, apply, tested_at, verified):
-    return Patch(id=patch_id, kind="fix", tested_at=("trl", tested_at), issue=_ISSUE, distribution="trl",
-                 affected=affected, module=module, apply=apply, probe=probe, summary=_SUMMARY, verified=verified)
-
-
-PATCH = _patch("trl-lora-merge-drift", ">=1.11.0", "trl.generation.vllm_generation", probe_iter, apply_iter,
-               "1.16.0", "CPU: real TRL 1.16.0 GRPOTrainer with PEFT 0.18.1 LoRA (Linear + Embedding) on a bf16 "
-               "model, colocate on the vLLM stand-in and server mode: base bytes unchanged, engine = base + adapter")
-SYNC = _patch("trl-lora-merge-drift-sync", ">=0.28.0,<1.11.0", "trl.generation.vllm_generation",
-              *_pushes_itself("VLLMGeneration", "sync_weights"), "1.9.2",
-              "CPU: real TRL 1.9.2 and 1.0.0 GRPOTrainer with a PEFT LoRA on a bf16 model (colocate; 1.9.2 server "
-              "mode too): base bytes unchanged, engine = base + adapter")
-GRPO = _patch("trl-lora-merge-drift-grpo", ">=0.23.0,<0.28.0", "trl.trainer.grpo_trainer",
-              *_pushes_itself("GRPOTrainer", "_move_model_to_vllm"), "0.27.2",
-              "CPU: real TRL 0.27.2 and 0.23.1 GRPOTrainer with a PEFT LoRA on a bf16 model on the vLLM stand-in: "
-              "base bytes unchanged, engine = base + adapter")
-RLOO = _patch("trl-lora-merge-drift-rloo", ">=0.23.0,<0.28.0", "trl.trainer.rloo_trainer",
-              *_pushes_itself("RLOOTrainer", "_move_model_to_vllm"), "0.27.2",
-              "CPU: real TRL 0.27.2 RLOOTrainer with a PEFT LoRA on a bf16 model on the vLLM stand-in: base bytes "
-              "unchanged, engine = base + adapter")
+PATCH = Patch(
+    id="trl-lora-merge-drift",
+    kind="fix",
+    tested_at=("trl", "1.16.0"),
+    issue=_ISSUE,
+    distribution="trl",
+    affected=">=1.11.0",
+    module="trl.generation.vllm_generation",
+    apply=apply_iter,
+    probe=probe_iter,
+    summary=_SUMMARY,
+    verified="CPU: real TRL 1.16.0 GRPOTrainer with PEFT 0.18.1 LoRA (Linear + Embedding) on a bf16 model, colocate "
+             "on the vLLM stand-in and server mode: base bytes unchanged, engine = base + adapter",
+)
+SYNC = PATCH.like(
+    id="trl-lora-merge-drift-sync", affected=">=0.28.0,<1.11.0", tested_at=("trl", "1.9.2"),
+    **_pushes_itself("VLLMGeneration", "sync_weights"),
+    verified="CPU: real TRL 1.9.2 and 1.0.0 GRPOTrainer with a PEFT LoRA on a bf16 model (colocate; 1.9.2 server "
+             "mode too): base bytes unchanged, engine = base + adapter")
+GRPO = PATCH.like(
+    id="trl-lora-merge-drift-grpo", affected=">=0.23.0,<0.28.0", module="trl.trainer.grpo_trainer",
+    tested_at=("trl", "0.27.2"), **_pushes_itself("GRPOTrainer", "_move_model_to_vllm"),
+    verified="CPU: real TRL 0.27.2 and 0.23.1 GRPOTrainer with a PEFT LoRA on a bf16 model on the vLLM stand-in: "
+             "base bytes unchanged, engine = base + adapter")
+RLOO = GRPO.like(
+    id="trl-lora-merge-drift-rloo", module="trl.trainer.rloo_trainer", **_pushes_itself("RLOOTrainer", "_move_model_to_vllm"),
+    verified="CPU: real TRL 0.27.2 RLOOTrainer with a PEFT LoRA on a bf16 model on the vLLM stand-in: base bytes "
+             "unchanged, engine = base + adapter")
 
 PATCHES = [PATCH, SYNC, GRPO, RLOO]

@@ -30,37 +30,38 @@ SUMMARY = ("{what}: the colocated push runs inside one vLLM layerwise reload (0.
            "re-derived tensors kept in the sleep pool")
 
 
-def _patch(patch_id, module, class_name, push_name, predicate, affected, tested_at, verified):
+def _push(class_name, push_name, predicate):
+    """The fields that name the push method: its binding and summary."""
     probe, apply = binding(class_name, push_name, predicate)
-    return Patch(
-        id=patch_id,
-        issue=ISSUE,
-        distribution="trl",
-        affected=affected,
-        module=module,
-        apply=apply,
-        probe=probe,
-        summary=SUMMARY.format(what=f"{class_name}.{push_name}"),
-        verified=verified,
-        tested_at=tested_at,
-    )
+    return dict(probe=probe, apply=apply, summary=SUMMARY.format(what=f"{class_name}.{push_name}"))
 
 
-GENERATION = _patch("trl-push-reprocess", "trl.generation.vllm_generation", "VLLMGeneration", "sync_weights",
-                    generation_colocate, ">=0.28.0", ("trl", "1.16.0"),
-                    "CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, "
-                    "quantized kv_b_proj)")
-ONLINE_DPO = _patch("trl-online-dpo-push-reprocess", "trl.experimental.online_dpo.online_dpo_trainer",
-                    "OnlineDPOTrainer", "_move_model_to_vllm", trainer_colocate, ">=0.26.0", ("trl", "1.16.0"),
-                    "CPU: real TRL 1.16.0 OnlineDPOTrainer on the vLLM stand-in 0.24.0")
-ONLINE_DPO_0X = _patch("trl-online-dpo-push-reprocess-0x", "trl.trainer.online_dpo_trainer", "OnlineDPOTrainer",
-                       "_move_model_to_vllm", trainer_colocate, ">=0.23.0,<0.26.0", ("trl", "0.25.1"),
-                       "CPU: contract only (TRL 0.25.1; from 0.26 the class there subclasses trl.experimental's)")
-GRPO = _patch("trl-grpo-push-reprocess", "trl.trainer.grpo_trainer", "GRPOTrainer", "_move_model_to_vllm",
-              trainer_colocate, ">=0.23.0,<0.28.0", ("trl", "0.27.2"),
-              "CPU: real TRL 0.27.2 (stand-in 0.24.0, layerwise reload) and 0.26.2 (stand-in 0.10.2, the touched "
-              "attention layers re-processed) GRPOTrainer")
-RLOO = _patch("trl-rloo-push-reprocess", "trl.trainer.rloo_trainer", "RLOOTrainer", "_move_model_to_vllm",
-              trainer_colocate, ">=0.23.0,<0.28.0", ("trl", "0.27.2"), "CPU: contract only (TRL 0.27.2)")
+GENERATION = Patch(
+    id="trl-push-reprocess",
+    issue=ISSUE,
+    distribution="trl",
+    affected=">=0.28.0",
+    module="trl.generation.vllm_generation",
+    tested_at=("trl", "1.16.0"),
+    verified="CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized "
+             "kv_b_proj)",
+    **_push("VLLMGeneration", "sync_weights", generation_colocate),
+)
+ONLINE_DPO = GENERATION.like(
+    id="trl-online-dpo-push-reprocess", module="trl.experimental.online_dpo.online_dpo_trainer", affected=">=0.26.0",
+    verified="CPU: real TRL 1.16.0 OnlineDPOTrainer on the vLLM stand-in 0.24.0",
+    **_push("OnlineDPOTrainer", "_move_model_to_vllm", trainer_colocate))
+ONLINE_DPO_0X = ONLINE_DPO.like(
+    id="trl-online-dpo-push-reprocess-0x", module="trl.trainer.online_dpo_trainer", affected=">=0.23.0,<0.26.0",
+    tested_at=("trl", "0.25.1"),
+    verified="CPU: contract only (TRL 0.25.1; from 0.26 the class there subclasses trl.experimental's)")
+GRPO = GENERATION.like(
+    id="trl-grpo-push-reprocess", module="trl.trainer.grpo_trainer", affected=">=0.23.0,<0.28.0",
+    tested_at=("trl", "0.27.2"),
+    verified="CPU: real TRL 0.27.2 (stand-in 0.24.0, layerwise reload) and 0.26.2 (stand-in 0.10.2, the touched "
+             "attention layers re-processed) GRPOTrainer",
+    **_push("GRPOTrainer", "_move_model_to_vllm", trainer_colocate))
+RLOO = GRPO.like(id="trl-rloo-push-reprocess", module="trl.trainer.rloo_trainer",
+                 verified="CPU: contract only (TRL 0.27.2)", **_push("RLOOTrainer", "_move_model_to_vllm", trainer_colocate))
 
 PATCHES = [GENERATION, ONLINE_DPO, ONLINE_DPO_0X, GRPO, RLOO]

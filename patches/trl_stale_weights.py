@@ -16,18 +16,15 @@ writing them (0.28.x lacks that wake), and backends without
 ``reload_weights`` (vllm-ascend < 0.24.0rc1) are never asked for it.
 """
 from shim.engine.patch import Patch
+from shim.engine.probes import fixed_if_contains
 from shim.trl.colocate import binding, generation_colocate_sleep
 
 _probe_shape, _apply = binding("VLLMGeneration", "generate", "sync_weights", generation_colocate_sleep)
 
 
 def probe(module):
-    import inspect
-
-    reason = _probe_shape(module)
-    if reason is None and "_llm_weights_sleeping" in inspect.getsource(module.VLLMGeneration):
-        reason = "fixed upstream (VLLMGeneration has _llm_weights_sleeping)"
-    return reason
+    return _probe_shape(module) or fixed_if_contains(module.VLLMGeneration, "VLLMGeneration", "_llm_weights_sleeping",
+                                                     "fixed upstream (VLLMGeneration has _llm_weights_sleeping)")
 
 
 PATCH = Patch(

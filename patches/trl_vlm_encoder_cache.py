@@ -18,19 +18,16 @@ the same while this patch is on); two more records wrap OnlineDPO's push the sam
 Each stands down where the wrapped push already resets the encoder cache.
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, fixed_if_contains
 
 
 def _probe(class_name: str, method: str):
     def probe(module):
-        import inspect
-
         cls = getattr(module, class_name, None)
         if cls is None or not callable(getattr(cls, method, None)):
             return changed(f"{class_name}.{method} not found")
-        if "reset_encoder_cache" in inspect.getsource(getattr(cls, method)):
-            return f"fixed upstream ({method} resets the encoder cache)"
-        return None
+        return fixed_if_contains(getattr(cls, method), f"{class_name}.{method}", "reset_encoder_cache",
+                                 f"fixed upstream ({method} resets the encoder cache)")
 
     return probe
 
@@ -64,21 +61,21 @@ PATCH = Patch(
     verified="CPU: real TRL 1.16.0 and 1.9.2 VLLMGeneration on the vLLM stand-in's encoder cache",
 )
 
-def _online_dpo(patch_id: str, affected: str, module: str, tested_at: tuple, summary: str, verified: str) -> Patch:
-    return Patch(id=patch_id, tested_at=tested_at, issue="huggingface/trl#7198", distribution="trl", affected=affected,
-                 module=module, apply=apply_online_dpo, probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
-                 summary=summary, verified=verified)
-
-
-ONLINE_DPO = _online_dpo(
-    "trl-online-dpo-encoder-cache", ">=0.26.0", "trl.experimental.online_dpo.online_dpo_trainer", ("trl", "1.16.0"),
-    "OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal caches reset "
-    "after it, so reused images are encoded with the new weights (sleep mode off too)",
-    "CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0")
-ONLINE_DPO_0X = _online_dpo(
-    "trl-online-dpo-encoder-cache-0x", ">=0.23.0,<0.26.0", "trl.trainer.online_dpo_trainer", ("trl", "0.25.1"),
-    "0.23-0.25 OnlineDPOTrainer._move_model_to_vllm: the same reset (from 0.26 the class there subclasses "
-    "trl.experimental's)",
-    "CPU: contract only (TRL 0.25.1, the same push and prefix-only reset as 1.16.0)")
+ONLINE_DPO = PATCH.like(
+    id="trl-online-dpo-encoder-cache",
+    module="trl.experimental.online_dpo.online_dpo_trainer",
+    affected=">=0.26.0",
+    apply=apply_online_dpo,
+    probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
+    summary="OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal caches "
+            "reset after it, so reused images are encoded with the new weights (sleep mode off too)",
+    verified="CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0",
+)
+ONLINE_DPO_0X = ONLINE_DPO.like(
+    id="trl-online-dpo-encoder-cache-0x", module="trl.trainer.online_dpo_trainer", affected=">=0.23.0,<0.26.0",
+    tested_at=("trl", "0.25.1"),
+    summary="0.23-0.25 OnlineDPOTrainer._move_model_to_vllm: the same reset (from 0.26 the class there subclasses "
+            "trl.experimental's)",
+    verified="CPU: contract only (TRL 0.25.1, the same push and prefix-only reset as 1.16.0)")
 
 PATCHES = [PATCH, ONLINE_DPO, ONLINE_DPO_0X]

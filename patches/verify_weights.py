@@ -32,7 +32,7 @@ SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify.weights``):
   its model, in the process that holds the weights).
 """
 from shim.engine.patch import FEATURE, Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, missing
 from shim.trl import colocate
 
 SITES = ("VLLMGeneration.generate (trl >=0.28), GRPO/RLOO _generate_single_turn (0.25-0.27), "
@@ -49,75 +49,41 @@ def _off():
     return f"{config.SHIM_VERIFY_WEIGHTS} is off" + (f" (bad value {bad.value!r})" if bad else "")
 
 
-def _shape(module, class_name, names):
-    cls = getattr(module, class_name, None)
-    missing = [n for n in names if cls is None or not callable(getattr(cls, n, None))]
-    return changed(f"{class_name}.{'/'.join(missing)} not found") if missing else None
-
-
 # -- vLLM: the check, right before sampling -------------------------------------------------
-def _before_generate(wrapped, instance, args, kwargs):
-    from shim.verify import weights as verify
-
-    verify.before_generate(instance)
-    return wrapped(*args, **kwargs)
-
-
 def _probe_vllm(module):
-    return _shape(module, "LLM", ("generate", "chat")) or _off()
+    return missing(getattr(module, "LLM", None), ("generate", "chat"), "LLM") or _off()
 
 
 def _apply_vllm(module, patcher):
-    patcher.wrap(module.LLM, "generate", _before_generate)
-    patcher.wrap(module.LLM, "chat", _before_generate)
+    from shim.verify.generate import generate_wrapper
+
+    patcher.wrap(module.LLM, "generate", generate_wrapper)
+    patcher.wrap(module.LLM, "chat", generate_wrapper)
 
 
 # -- TRL: which trainer model the engine must equal ----------------------------------------
 def _arming(class_name, method, predicate, llm_attr="llm"):
-    site = f"{class_name}.{method}"
-
-    def wrapper(wrapped, instance, args, kwargs):
-        from shim.peft import merge
-        from shim.trl import synced_llm
-        from shim.verify import weights as verify
-
-        llm = getattr(instance, llm_attr, None)
-        if llm is None or not predicate(instance) or synced_llm.owned_by_swift(instance):
-            return wrapped(*args, **kwargs)
-        with verify.armed(llm, getattr(instance, "model", None), site, merge.verified_tensors):
-            return wrapped(*args, **kwargs)
-
     def probe(module):
-        return _shape(module, class_name, (method,)) or _off()
+        return missing(getattr(module, class_name, None), (method,), class_name) or _off()
 
     def apply(module, patcher):
-        patcher.wrap(getattr(module, class_name), method, wrapper)
+        from shim.trl.verify_weights import arming_wrapper
+
+        patcher.wrap(getattr(module, class_name), method, arming_wrapper(f"{class_name}.{method}", predicate, llm_attr))
 
     return probe, apply
 
 
 # -- ms-swift: no LLM.generate; verify before the rollout's inference -------------------------
-def _swift_infer(wrapped, instance, args, kwargs):
-    from shim.swift import lora_merge
-    from shim.verify import weights as verify
-
-    train_args = getattr(instance, "args", None)
-    engine = getattr(instance, "engine", None)
-    if (engine is not None and getattr(instance, "use_fast_infer", False)
-            and getattr(instance, "vllm_mode", None) == "colocate"
-            and not getattr(train_args, "async_generate", False)):
-        with verify.armed(engine, getattr(instance, "model", None), "RolloutTrainerMixin._fast_infer",
-                          lora_merge.verified_tensors(instance)):
-            verify.before_generate(engine)
-    return wrapped(*args, **kwargs)
-
-
 def _probe_swift(module):
-    return _shape(module, "RolloutTrainerMixin", ("_infer_single_or_multi_turn", "_fast_infer")) or _off()
+    mixin = getattr(module, "RolloutTrainerMixin", None)
+    return missing(mixin, ("_infer_single_or_multi_turn", "_fast_infer"), "RolloutTrainerMixin") or _off()
 
 
 def _apply_swift(module, patcher):
-    patcher.wrap(module.RolloutTrainerMixin, "_infer_single_or_multi_turn", _swift_infer)
+    from shim.swift.verify_weights import infer_wrapper
+
+    patcher.wrap(module.RolloutTrainerMixin, "_infer_single_or_multi_turn", infer_wrapper)
 
 
 # -- verl: the trainer half, the rollout server's and the vLLM worker's parts ---------------------------
@@ -132,7 +98,7 @@ def _coroutine(module, class_name, name):
 def _probe_verl(module):
     from shim.engine import call_args
 
-    reason = _shape(module, "ServerAdapter", ("update_weights", "_execute_method"))
+    reason = missing(getattr(module, "ServerAdapter", None), ("update_weights", "_execute_method"), "ServerAdapter")
     if reason:
         return reason
     names = call_args.positional_names(module.ServerAdapter.update_weights) or ()
@@ -150,8 +116,8 @@ def _apply_verl(module, patcher):
 def _probe_verl_server(module):
     from shim.engine import probes
 
-    reason = _shape(module, "vLLMHttpServer", ("collective_rpc",)) or _coroutine(module, "vLLMHttpServer",
-                                                                                  "collective_rpc")
+    reason = (missing(getattr(module, "vLLMHttpServer", None), ("collective_rpc",), "vLLMHttpServer")
+              or _coroutine(module, "vLLMHttpServer", "collective_rpc"))
     if reason:
         return reason
     source, reason = probes.source(module.vLLMHttpServer.collective_rpc, "vLLMHttpServer.collective_rpc")

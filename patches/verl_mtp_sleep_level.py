@@ -19,7 +19,7 @@ from shim.engine.patch import Patch
 ID = "verl-mtp-sleep-level"
 
 
-def _shape(cls):
+def _sleep_method(cls):
     """``("_sleep_hybrid", False)`` (0.8.0), ``("sleep", True)`` (0.7.1: HYBRID branch of ``sleep``), or a
     stand-down reason."""
     from shim.engine import probes
@@ -46,7 +46,7 @@ def _shape(cls):
 
 
 def probe(module):
-    shape = _shape(getattr(module, "vLLMHttpServer", None))
+    shape = _sleep_method(getattr(module, "vLLMHttpServer", None))
     return shape if isinstance(shape, str) else None
 
 
@@ -54,7 +54,7 @@ def apply(module, patcher):
     from shim.verl import mtp_sleep_level
 
     cls = module.vLLMHttpServer
-    name, hybrid_only = _shape(cls)
+    name, hybrid_only = _sleep_method(cls)
     patcher.wrap(cls, name, mtp_sleep_level.sleep_wrapper(ID, hybrid_only))
 
 

@@ -22,24 +22,21 @@ plain tensors), a larger change for a loss that costs speed, not correctness. ve
 its own record (``verl-mtp-sleep-level``); TRL passes no speculative config.
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import changed, params
 
 ID = "vllm-level2-drafter"
 _FIELDS = ("enable_sleep_mode", "speculative_config", "sleep_preserve_parameter_names")
 
 
 def probe(module):
-    import inspect
-
     for name in ("EngineArgs", "AsyncEngineArgs"):
         cls = getattr(module, name, None)
         if not isinstance(cls, type):
             return changed(f"no {name}")
-        try:
-            params = inspect.signature(cls.__init__).parameters
-        except (TypeError, ValueError) as exc:
-            return changed(f"{name}.__init__ has no signature ({exc})")
-        gone = [f for f in _FIELDS if f not in params]
+        names, reason = params(cls.__init__, f"{name}.__init__")
+        if reason:
+            return reason
+        gone = [f for f in _FIELDS if f not in names]
         if gone:
             return changed(f"{name}.__init__ takes no {'/'.join(gone)}")
     return None

@@ -59,7 +59,7 @@ All of them stand down with one line when neither CUDA (``torch.cuda``) nor an
 Ascend NPU (``torch.npu``) is the device.
 """
 from shim.engine.patch import Patch
-from shim.engine.probes import changed
+from shim.engine.probes import missing
 
 
 def _no_device():
@@ -85,23 +85,12 @@ def _guard_needed():
     return alloc_guard.upstream_covers(memory.probe())
 
 
-def _shape(owner, names):
-    missing = [n for n in names if not callable(getattr(owner, n, None))]
-    return changed(f"{owner.__name__} lacks {', '.join(missing)}") if missing else None
-
-
 def _probe_engine(module):
-    engine = getattr(module, "LLMEngine", None)
-    if engine is None:
-        return changed("no LLMEngine")
-    return _shape(engine, ("__init__", "sleep", "wake_up")) or _no_device()
+    return missing(getattr(module, "LLMEngine", None), ("__init__", "sleep", "wake_up"), "LLMEngine") or _no_device()
 
 
 def _probe_llm(module):
-    llm = getattr(module, "LLM", None)
-    if llm is None:
-        return changed("no LLM")
-    return _shape(llm, ("__init__", "sleep", "wake_up")) or _no_device()
+    return missing(getattr(module, "LLM", None), ("__init__", "sleep", "wake_up"), "LLM") or _no_device()
 
 
 _WORKER_GUARDED = ("load_model", "initialize_from_config", "wake_up")
@@ -113,12 +102,8 @@ def _probe_worker(names, class_name="Worker", own=False, guard=False):
     records are written for). ``guard``: the allocator guard's record (:func:`_guard_needed`)."""
     def probe(module):
         worker = getattr(module, class_name, None)
-        if worker is None:
-            return changed(f"no {class_name}")
-        missing = [n for n in names if not callable(vars(worker).get(n))] if own else []
-        if missing:
-            return changed(f"{class_name} defines no {', '.join(missing)}")
-        return _shape(worker, names) or _no_device() or (_guard_needed() if guard else None)
+        return (missing(worker, names, class_name, own=own) or _no_device()
+                or (_guard_needed() if guard else None))
 
     return probe
 
@@ -155,10 +140,7 @@ def _worker_check(class_name):
 
 
 def _probe_core(module):
-    core = getattr(module, "EngineCore", None)
-    if core is None:
-        return changed("no EngineCore")
-    return _shape(core, ("wake_up",)) or _no_device()
+    return missing(getattr(module, "EngineCore", None), ("wake_up",), "EngineCore") or _no_device()
 
 
 def _apply_core_wake(module, patcher):

@@ -57,6 +57,12 @@ class Patch:
         self.switch = switch
         """The environment switch a feature needs on (e.g. ``SHIM_VERIFY_WEIGHTS``), or None."""
 
+    def like(self, **changes) -> "Patch":
+        """Another site of the same bug: this record with ``changes`` (its id, module, range, ``tested_at``, ...)."""
+        fields = {name: getattr(self, name) for name in Patch.__slots__}
+        fields.update(changes)
+        return Patch(**fields)
+
     def __repr__(self) -> str:
         return f"Patch({self.id!r}, {self.distribution} {self.affected}, {self.module})"
 

@@ -58,11 +58,42 @@ def missing(owner, names, label: "str | None" = None, own: bool = False, needs: 
     return unimportable(*needs) or changed(f"{label or getattr(owner, '__name__', owner)}.{'/'.join(gone)} not found")
 
 
+def method(cls, name: str, own: bool = False):
+    """The attribute ``name`` of ``cls`` (a method, as upstream defines it), or None (also where ``cls`` is None).
+    ``own``: only one the class itself defines, not one it inherits (a subclass's own override is the
+    code the patch was written for)."""
+    if cls is None:
+        return None
+    return vars(cls).get(name) if own else getattr(cls, name, None)
+
+
 def source(func, label: str) -> tuple:
-    """``(source, None)`` of ``func``, or ``(None, reason)`` where it cannot be read."""
+    """``(source, None)`` of ``func``, or ``(None, reason)`` where it cannot be read: a :func:`changed` reason
+    (stand down), never an exception (a zipped or compiled-only install, a class built at run time)."""
     import inspect
 
     try:
         return inspect.getsource(func), None
     except (OSError, TypeError) as exc:
         return None, changed(f"source of {label} not readable ({exc})")
+
+
+def params(func, label: str) -> tuple:
+    """``(parameter names, None)`` of ``func``, or ``(None, reason)`` where it has no signature (a
+    :func:`changed` reason)."""
+    import inspect
+
+    try:
+        return list(inspect.signature(func).parameters), None
+    except (TypeError, ValueError) as exc:
+        return None, changed(f"{label} has no signature ({exc})")
+
+
+def fixed_if_contains(func, label: str, needles, fixed: str) -> "str | None":
+    """``fixed`` (the stand-down reason) where the source of ``func`` contains one of ``needles`` (a string or
+    several): upstream has the fix; a :func:`changed` reason where it cannot be read; else None."""
+    text, reason = source(func, label)
+    if reason:
+        return reason
+    needles = (needles,) if isinstance(needles, str) else needles
+    return fixed if any(needle in text for needle in needles) else None

@@ -12,17 +12,15 @@ ms-swift's subclasses are left alone (ms-swift re-processes its pushes itself:
 """
 from __future__ import annotations
 
-import inspect
-
+from shim.engine import probes
 from shim.engine.probes import changed
 
 
 def _raw_push(cls) -> "str | None":
     """None where ``cls`` pushes with a raw ``model.load_weights``; else why the patch stands down."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return changed(f"source of {cls.__name__} unavailable")
+    source, reason = probes.source(cls, cls.__name__)
+    if reason:
+        return reason
     if any(marker in source for marker in ("initialize_layerwise_reload", "reload_weights(weights_iterator",
                                            "start_weight_update")):
         return f"fixed upstream ({cls.__name__} pushes through vLLM's reload)"
@@ -37,7 +35,7 @@ def binding(class_name: str, push_name: str, predicate):
     def probe(module):
         cls = getattr(module, class_name, None)
         if cls is None or not callable(getattr(cls, push_name, None)):
-            return f"upstream shape changed: {class_name}.{push_name} not found"
+            return changed(f"{class_name}.{push_name} not found")
         return _raw_push(cls)
 
     def push(wrapped, instance, args, kwargs):

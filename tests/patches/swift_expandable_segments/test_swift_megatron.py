@@ -27,7 +27,7 @@ MEGATRON = "swift.megatron.trainers.rollout_mixin"
 RAY = "swift.ray.megatron.rollout.ray_vllm_engine"
 EXPANDABLE = "expandable_segments:True"
 USER = "max_split_size_mb:128,expandable_segments:True"
-SHIM_HELPER = "shim.patches.swift_expandable_segments"
+SHIM_HELPER = "shim.swift.expandable_segments"
 SWIFT_HELPER = "swift.rlhf_trainers.utils"
 
 CHILD = Path(__file__).parent / "children" / "megatron_helper.py"
