@@ -222,11 +222,12 @@ def test_check_trace_path(tmp_path, monkeypatch):
 def test_doctor_lists_the_metrics_feature_apart_from_bugs():
     proc = shim_cli("doctor")
     features = proc.stdout.split("features and checks:\n")[1]
-    assert re.search(r"^  trainer-metrics +on ", features, re.M), proc.stdout
-    assert "trainer-metrics" not in proc.stdout.split("features and checks:")[0]  # not among the known bugs
-    env_off = shim_cli_env("doctor", SHIM_DISABLED_PATCHES="trainer-metrics")
-    assert env_off.returncode == proc.returncode  # a feature switched off is not a bug left unhandled
-    assert re.search(r"^  trainer-metrics +off \(disabled\)", env_off.stdout, re.M), env_off.stdout
+    assert re.search(r"^  shim-metrics +on ", features, re.M), proc.stdout
+    assert "shim-metrics" not in proc.stdout.split("features and checks:")[0]  # not among the known bugs
+    for name in ("shim-metrics", "trainer-metrics"):  # the bug id, and its first site's id (an alias)
+        env_off = shim_cli_env("doctor", SHIM_DISABLED_PATCHES=name)
+        assert env_off.returncode == proc.returncode  # a feature switched off is not a bug left unhandled
+        assert re.search(r"^  shim-metrics +off \(disabled\)", env_off.stdout, re.M), (name, env_off.stdout)
 
 
 def shim_cli_env(*args, **env):
