@@ -9,6 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
+SUBCOMMANDS = {"status": ("shim.cli.status", "status"), "doctor": ("shim.cli.doctor", "doctor"),
+               "install": ("shim.cli.install", "install"), "uninstall": ("shim.cli.install", "uninstall"),
+               "report": ("shim.cli.report", "report")}
+"""``python -m shim <name>``: the module and function that run it (anything else is a COMMAND to launch)."""
+
 USAGE = {
     "status": """usage: python -m shim status [--all] [--sites] [--json] [--import]
 
