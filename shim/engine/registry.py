@@ -55,7 +55,7 @@ def _decide(entry, decision: str, reason: str = "", version: "str | None" = None
         _registry.decisions[entry.id] = Decision(decision, reason, version)
     if decision == WAITING:
         return
-    patch = patch or getattr(entry, "_patch", None) or (entry if isinstance(entry, Patch) else None)
+    patch = patch or getattr(entry, "loaded", None) or (entry if isinstance(entry, Patch) else None)
     if patch is not None:
         where = f"{patch.distribution} {version}" if version else patch.distribution
         line = f"{patch.id} ({patch.issue}, {where}): {Decision(decision, reason).text()}"
@@ -256,3 +256,8 @@ def decision_text(row: dict) -> str:
     if row.get("acted"):
         text += f", acted {row['acted']} time{'s' if row['acted'] != 1 else ''}"
     return text
+
+
+def unimportable(patch: Patch, exc: BaseException) -> None:
+    """``status --import``: the hooked module of ``patch`` cannot be imported, so its hook never runs; say why."""
+    _decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
