@@ -172,8 +172,6 @@ _SWITCHES = {  # name: (parse the stripped value, default, accepted values, what
 }
 assert set(_SWITCHES) == set(ALL)
 
-_warned: set = set()
-
 
 def _parse(name: str):
     """``(value, None)``, or ``(default, ConfigError)`` for a value outside the accepted set."""
@@ -204,10 +202,9 @@ def read(name: str):
     inside wrappers, where nothing may, and a typo in one switch never turns another fix off."""
     value, error = _parse(name)
     if error is not None:
-        if name not in _warned:
-            _warned.add(name)
-            from shim.engine import log
+        from shim.engine import log
 
+        if log.once(("switch", name)):
             log.warning(f"{error}; {error.instead}")
     return value
 

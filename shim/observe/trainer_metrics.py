@@ -58,7 +58,7 @@ PREFIX = "shim/"
 _BASE = ("sleeps", "ineffective", "freed", "engines")
 
 _lock = threading.Lock()
-_state = {"sleeps": 0, "freed": 0, "streak": [], "fired": False, "errors": 0}
+_state = {"sleeps": 0, "freed": 0, "streak": [], "fired": False}
 
 
 def _number(value) -> "float | None":
@@ -171,11 +171,10 @@ def wrap_log(wrapped, instance, args, kwargs):
         if isinstance(logs, dict):
             on_log(instance, logs)
     except Exception as exc:  # the trainer's own log must run whatever happens here
-        _state["errors"] += 1
         if config.strict():
             raise
-        line = f"trainer-metrics: shim figures left out of this log ({type(exc).__name__}: {exc}); training goes on"
-        (log.warning if _state["errors"] == 1 else log.debug)(line)
+        log.warning_once(("trainer-metrics", "error"), f"trainer-metrics: shim figures left out of this log "
+                         f"({type(exc).__name__}: {exc}); training goes on")
     return wrapped(*args, **kwargs)
 
 
@@ -191,4 +190,5 @@ def count_push(wrapped, instance, args, kwargs):
 def reset() -> None:
     """Forget the interval figures and the alarm (tests)."""
     with _lock:
-        _state.update(sleeps=0, freed=0, streak=[], fired=False, errors=0)
+        _state.update(sleeps=0, freed=0, streak=[], fired=False)
+    log.forget("trainer-metrics")

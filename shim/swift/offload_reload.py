@@ -46,8 +46,8 @@ class ReloadOnlyMoved:
     """The release's ``offload_context()`` (a ``contextlib`` context manager) with the ``offload_model`` /
     ``load_model`` calls it makes itself watched: entered and exited as the original is."""
 
-    def __init__(self, context, trainer, name: str, logged: list):
-        self._context, self._trainer, self._name, self._logged = context, trainer, name, logged
+    def __init__(self, context, trainer, name: str):
+        self._context, self._trainer, self._name = context, trainer, name
         self._moved: "dict | None" = None  # id(model) -> model; None: not watched, ms-swift reloads as it does
 
     def _shadowed(self, method: str, replacement, step):
@@ -96,17 +96,14 @@ class ReloadOnlyMoved:
         result, _ = self._shadowed("load_model", load_model, lambda: self._context.__exit__(*exc_info))
         if kept:
             log.event(f"{self._name}: offload_context moved nothing of {', '.join(kept)} off the device: not loaded "
-                      "onto it (as ms-swift 4.6.0's GRPOTrainer)", important=not self._logged)
-            self._logged.append(True)
+                      "onto it (as ms-swift 4.6.0's GRPOTrainer)", important=log.once((self._name, "left in place")))
         return result
 
 
 def wrapper(name: str):
     """The wrapt wrapper of an ``offload_context`` method; ``name``: the patch id, for its log lines (the
     first model left in place is an INFO line, later ones DEBUG)."""
-    logged: list = []
-
     def offload_context(wrapped, instance, args, kwargs):
-        return ReloadOnlyMoved(wrapped(*args, **kwargs), instance, name, logged)
+        return ReloadOnlyMoved(wrapped(*args, **kwargs), instance, name)
 
     return offload_context

@@ -67,8 +67,7 @@ def engine_class(base, patch_id: str):
         requested = call_args.arg(upstream, args, kwargs, "level", 1)
         chosen = level(self, requested)
         if chosen != requested:
-            if not getattr(self, "_shim_sleep_level_logged", False):
-                self._shim_sleep_level_logged = True
+            if log.once((patch_id, "engine", id(self))):
                 log.decision(f"{patch_id}: TRL's colocated engine sleeps at level {chosen} instead of "
                              f"{requested} ({config.SHIM_SLEEP_LEVEL}={chosen})")
             args, kwargs = _with_level(upstream, args, kwargs, chosen)

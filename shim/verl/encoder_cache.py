@@ -31,12 +31,9 @@ from shim.engine import log
 
 ISSUE = "volcengine/verl#6523"
 
-_logged: set = set()
-
 
 def _note(patch_id: str, done: list) -> None:
-    if done and patch_id not in _logged:
-        _logged.add(patch_id)
+    if done and log.once((patch_id, "caches reset")):
         log.decision(f"{patch_id}: after verl's weight update (vLLMHttpServer.clear_kv_cache) the engine's "
                      f"{' and '.join(done)} cache(s) were reset, as verl 0.9.0 does")
 

@@ -30,8 +30,6 @@ from __future__ import annotations
 from shim.engine import call_args, log
 from shim.engine.shadow import shadow
 
-_logged: set = set()
-
 
 def mtp_rollout_enabled(server) -> bool:
     """verl 0.9.0's condition, on the server's rollout config."""
@@ -72,8 +70,7 @@ def level_one_engine(engine, patch_id: str):
 
 
 def _note(patch_id: str) -> None:
-    if patch_id not in _logged:
-        _logged.add(patch_id)
+    if log.once((patch_id, "level 1")):
         log.decision(f"{patch_id}: verl's HYBRID rollout with MTP sleeps at level 1 instead of 2 "
                      "(the drafter's weights are kept, as verl 0.9.0 does)")
     else:
