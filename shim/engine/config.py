@@ -104,6 +104,10 @@ class ConfigError(ValueError):
         super().__init__(message)
         self.name, self.value, self.instead = name, value, instead
 
+    def line(self) -> str:
+        """The one line a bad value is (the WARNING of :func:`read`, ``doctor``'s BAD SWITCH row)."""
+        return f"{self}; {self.instead}" if self.instead else str(self)
+
 
 # -- parsers: the value, or ValueError for a value outside the accepted set ------------------------
 def _bool(value: str) -> bool:
@@ -205,7 +209,7 @@ def read(name: str):
         from shim.engine import log
 
         if log.once(("switch", name)):
-            log.warning(f"{error}; {error.instead}")
+            log.warning(error.line())
     return value
 
 
@@ -230,8 +234,9 @@ def validate() -> None:
 
 
 def switched_on(name: str) -> bool:
-    """Whether the environment switch ``name`` is set to something other than off (never raises)."""
-    return os.environ.get(name, "").strip().lower() not in _FALSE
+    """Whether switch ``name`` reads as on: :func:`read`'s value without its WARNING (a bad value is the
+    default, which is off for every feature switch); never raises."""
+    return bool(_parse(name)[0])
 
 
 def disabled() -> bool:
@@ -253,7 +258,8 @@ def verify_weights() -> str:
 
 
 def trace_path() -> "str | None":
-    return os.environ.get(SHIM_TRACE, "").strip() or None
+    """SHIM_TRACE's path, or None (unset); whether it can be appended to is checked where it is opened."""
+    return read(SHIM_TRACE) or None
 
 
 def stale_alarm() -> float:
