@@ -75,15 +75,34 @@ V3 = Patch(
     apply=_apply("swift.trainers.rlhf_trainer.utils"),
     probe=probe,
     summary="rollout set_expandable_segments -> shim allocator guard (every route, NPU too, user's string kept)",
-    verified="CPU: real ms-swift 3.10.1/4.6.0 rollouts on the stand-in",
     tested_at=("swift", "3.10.1"),
+    changes=("the rollout mixin's `set_expandable_segments` (imported by name; 4.x also `utils`, used by "
+             "`sleep_vllm_engine`) becomes the shim's allocator guard: every route (`PYTORCH_CUDA_ALLOC_CONF`, "
+             "`PYTORCH_ALLOC_CONF`, `PYTORCH_HIP_ALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`, live setting), NPU too, "
+             "and your exact string back afterwards. ms-swift's own is CUDA-only, rewrites the whole "
+             "`PYTORCH_CUDA_ALLOC_CONF` (other keys lost) and turns an explicit `expandable_segments:False` ON"),
+    verified=("CPU: real ms-swift 3.10.1/4.6.0 rollouts: your string lost / flipped without the shim (asserted), "
+              "kept with it"),
 )
 V4 = V3.like(id="swift-expandable-segments-4x", affected=">=4.0.0", module="swift.rlhf_trainers.rollout_mixin",
              apply=_apply("swift.rlhf_trainers.utils"), tested_at=("swift", "4.6.0"))
 # Megatron (4.x): the same by-name import in the Megatron rollout mixin and the Ray rollout engine.
 V4_MEGATRON = V4.like(id="swift-expandable-segments-megatron", module="swift.megatron.trainers.rollout_mixin",
-                      tested_at=("swift-megatron", "4.6.0"))
+                      tested_at=("swift-megatron", "4.6.0"),
+                      changes=("the same, for the other two 4.x modules that import `set_expandable_segments` by "
+                               "name: `MegatronRolloutMixin` (`swift.megatron.trainers.rollout_mixin`: engine "
+                               "build + first sleep, wake before each rollout) and `RayVllmEngine` "
+                               "(`swift.ray.megatron.rollout.ray_vllm_engine`: `wake_up` / `sleep`). The Megatron "
+                               "mixin's level-2 push (`needs_weight_sync ... or sleep_level == 2`) is correct in "
+                               "4.6.0: no resync patch"),
+                      verified=("CPU: real ms-swift 4.6.0 with megatron-core 0.16.1 (mcore-bridge names stood in: "
+                                "it needs Transformer Engine): your `PYTORCH_CUDA_ALLOC_CONF` keys lost and "
+                                "`PYTORCH_NPU_ALLOC_CONF` left on without the shim (asserted), kept / turned off "
+                                "with it; real `_init_rollout_engine` on the stand-in (NPU, `PYTORCH_ALLOC_CONF`): "
+                                "first sleep frees ~0 without the shim (asserted), 100% with this patch alone"))
 V4_RAY = V4.like(id="swift-expandable-segments-ray", module="swift.ray.megatron.rollout.ray_vllm_engine",
-                 tested_at=("swift-megatron", "4.6.0"))
+                 tested_at=("swift-megatron", "4.6.0"),
+                 changes=V4_MEGATRON.changes,
+                 verified=V4_MEGATRON.verified)
 
 PATCHES = [V3, V4, V4_MEGATRON, V4_RAY]

@@ -76,8 +76,17 @@ PATCH_3_10 = Patch(
     probe=_probe,
     summary="GKD teacher with --teacher_deepspeed zero3 loads partitioned (zero.Init) under a non-ZeRO-3 "
             "student; memory preflight from config.json fails fast",
-    verified="CPU: real ms-swift 3.10.0/3.10.1/4.6.0 SwiftRLHF, deepspeed 0.19.8: ZeRO-3 on during the "
-             "teacher load with the shim, off without; 235B-A22B-shaped config on 8x80 GB fails fast",
+    changes=("`SwiftRLHF._prepare_single_model` for the teacher: a preflight from `config.json` only (parameters x "
+             "dtype bytes per rank under the real placement vs free device memory) stops a teacher that cannot fit "
+             "with one error giving the numbers and fixes, before any weight is read; the teacher then loads under "
+             "a temporary ZeRO-3 config built from `--teacher_deepspeed` (\"auto\" values from the student's "
+             "training arguments), so it is partitioned as it loads (`zero.Init`, no per-rank `device_map`); the "
+             "student's config is restored right after. Stands down where ms-swift builds its own DeepSpeed config "
+             "for the teacher"),
+    verified=("CPU: real ms-swift 3.10.0/3.10.1/4.6.0 `SwiftRLHF` and deepspeed 0.19.8: ZeRO-3 on during the "
+              "teacher load with the shim, off without (asserted), student config restored; Qwen3-VL-235B-A22B / "
+              "Qwen3-235B-A22B configs with no weights on 8 x 80 GB under a ZeRO-2 student fail fast with only "
+              "`config.json` opened; a small teacher passes"),
 )
 PATCH_4 = PATCH_3_10.like(id=ID + "-4x", affected=">=4.0.0", module="swift.pipelines.train.rlhf",
                           tested_at=("swift", "4.6.0"))

@@ -114,8 +114,20 @@ PATCH = Patch(
     probe=probe,
     summary="RolloutTrainerMixin._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does), "
             "with vLLM LoRA the adapter too (as 4.x does)",
-    verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin on the vLLM stand-in (also with "
-             "--train_type lora --vllm_enable_lora true); 3.11.1 stands down",
+    changes=("`RolloutTrainerMixin._fast_infer`: after a level-2 sleep the next rollout pushes the full weights "
+             "(as 3.11.1/3.12 do), also within one step (GKD per micro-batch, dynamic sampling, eval); with LoRA "
+             "applied by vLLM (`--vllm_enable_lora true`, where 3.10.x pushes only the adapter once the base was "
+             "synced) the base weights and then the adapter, as 4.x does; stands down by range and, where "
+             "`_fast_infer` already pushes after `sleep_level == 2`, by probe"),
+    verified=("CPU: real ms-swift 3.10.1 `RolloutTrainerMixin` (3.10.0's differs only in server-mode tool parsing; "
+              "`SWIFT_LEVEL2_ALL=1` runs it too) (`_prepare_vllm`, then `_fast_infer` cycles) on the stand-in: "
+              "discarded weights without the shim (asserted), trained weights with it; 3.11.1 and 4.6.0 correct "
+              "without the shim, nothing wrapped; on 3.11.1 the probe alone (range widened) stands it down with "
+              "nothing wrapped. LoRA (`--train_type lora --vllm_enable_lora true`, 3.10.1, the stand-in's vLLM "
+              "0.10.2 LoRA layers and adapter manager driven by ms-swift's `patch_vllm_load_adapter` / "
+              "`add_lora`): without the shim the rollouts after the first step run the new adapter on discarded "
+              "base weights (asserted), with it every generate computes with the trainer's merged weights (base + "
+              "adapter, within 1e-6). 3.11.1-3.11.3 with LoRA: `swift-level2-lora-adapter`"),
 )
 
 PATCH_GRPO = Patch(
@@ -128,7 +140,10 @@ PATCH_GRPO = Patch(
     apply=apply_grpo,
     probe=probe_grpo,
     summary="GRPOTrainer._fast_infer: full weight push after every level-2 sleep (as ms-swift 3.11.1 does)",
-    verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
+    changes="`GRPOTrainer._fast_infer`: the same full push after a level-2 sleep",
+    verified=("CPU: real ms-swift 3.9.3 `GRPOTrainer` (`prepare_vllm` + first sleep as `__init__` does, then "
+              "`_fast_infer` cycles) on the stand-in: discarded weights without the shim (asserted), trained "
+              "weights with it. 3.2.1-3.8.x (older transformers/trl pins) not run"),
 )
 
 PATCH_LORA = Patch(
@@ -143,9 +158,14 @@ PATCH_LORA = Patch(
     probe=probe_lora,
     summary="RolloutTrainerMixin._move_full_model_to_vllm: with vLLM LoRA at level 2, the trainer's adapter "
             "pushed after the base weights (as ms-swift 4.0.2+ does)",
-    verified="CPU: real ms-swift 3.11.1 with --train_type lora --vllm_enable_lora true --sleep_level 2 on the vLLM "
-             "stand-in's LoRA layers: no adapter at step 1 without the shim, the trained one with it; 3.12.3 stands "
-             "down by probe",
+    changes=("`RolloutTrainerMixin._move_full_model_to_vllm`: every level-2 sync is a full push of the base "
+             "weights only (the adapter is merged only when `should_merge_adapter`, False with vLLM LoRA) and the "
+             "adapter is never pushed: the shim pushes the trainer's adapter after it (`_move_adapter_to_vllm`); "
+             "stands down by range and, where the full push merges or pushes the adapter itself, by probe"),
+    verified=("CPU: real ms-swift 3.11.1 on the stand-in's vLLM LoRA layers: the step-1 rollouts run with no "
+              "adapter without the shim (asserted), with the trained adapter and the trainer's merged weights with "
+              "it; 3.12.3 stands down by probe (range widened). 4.0.0-4.0.1 (`swift.rlhf_trainers`) merge the "
+              "adapter too: correct"),
 )
 
 PATCHES = [PATCH, PATCH_GRPO, PATCH_LORA]

@@ -58,8 +58,21 @@ PATCH = Patch(
     probe=probe,
     summary="LoRA weight push (full push with the adapter merged, and the adapter push): merged out of place per "
             "tensor as _load_state_dict_to_vllm reads it, so the frozen base keeps its bytes",
-    verified="CPU: real ms-swift 4.6.0 RolloutTrainerMixin (--tuner_type lora, bf16, PEFT 0.20.0 Linear + Embedding; "
-             "and --vllm_enable_lora true) on the vLLM stand-in: base bytes unchanged, engine = base + adapter",
+    changes=("`RolloutTrainerMixin._move_model_to_vllm` (4.x `swift.rlhf_trainers`, 3.10-3.12 "
+             "`swift.trainers.rlhf_trainer`) for a `peft.PeftModel`: the model's `merge_adapter`/`unmerge_adapter` "
+             "write nothing during the push; the full push (`_move_full_model_to_vllm`, vLLM's LoRA off) hands "
+             "`_load_state_dict_to_vllm` a view of each group's state dict whose LoRA base tensors are read merged "
+             "out of place (the layer's own `merge`, ms-swift's group-restricted one, on a copy), one at a time; "
+             "the adapter push (vLLM's LoRA on) reads the adapter as it is. Left to upstream: FSDP2 (ms-swift "
+             "merges out of place there itself), colocate on an NPU (vllm-ascend's reload runner), layers as for "
+             "`trl-lora-merge-drift`. Stands down by probe where `_move_full_model_to_vllm` calls no "
+             "`merge_adapter`/`unmerge_adapter`. Not covered: 3.2-3.9 (`GRPOTrainer` pushes itself)"),
+    verified=("CPU: real ms-swift 4.6.0 (PEFT 0.20.0) and 3.10.1 (PEFT 0.17.1) `RolloutTrainerMixin` with a LoRA "
+              "on a bf16 model (`--tuner_type lora` / `--train_type lora`), level 2, 6 rollouts: without the shim "
+              "the base's bytes change at the first push and keep walking (asserted), with it unchanged and the "
+              "engine within one bf16 rounding of base + adapter (`Linear` and `Embedding`); 4.6.0 "
+              "`--vllm_enable_lora true` at level 1 (adapter pushes): base moves without the shim (asserted), "
+              "unchanged with it"),
 )
 PATCH_3X = PATCH.like(
     id="swift-lora-merge-drift-3x", affected=">=3.10.0,<4.0.0", module="swift.trainers.rlhf_trainer.rollout_mixin",

@@ -87,9 +87,24 @@ PATCH_GKD = Patch(
     probe=probe_gkd,
     summary="GKDTrainer.offload_context loads back only the models its offload moved off the device (as 4.6.0's "
             "GRPOTrainer): a student still on the CPU at vLLM's construction is not loaded whole onto one device",
-    verified="CPU: real ms-swift 4.6.0 and 4.5.3 GKDTrainer._prepare_vllm (offload_context, engine build, first "
-             "sleep) with the student on the CPU, and a rollout's offload_context with it on the device, on the vLLM "
-             "stand-in with CUDA's Tensor.to semantics",
+    changes=("`offload_context` (4.x `GKDTrainer`, every release to 4.6.0; `GRPOTrainer` 4.0.0-4.5.3): on exit "
+             "`load_model` runs only for the models that the context's own `offload_model` calls moved (a tensor "
+             "of the model somewhere else afterwards: another device or another storage), as 4.6.0's `GRPOTrainer` "
+             "does from `offload_model`'s return value. Without it the context around vLLM's construction "
+             "(`_prepare_vllm`, before `accelerator.prepare`) loads a model that was still on the CPU whole onto "
+             "one device (#10109: DeepSpeed ZeRO-2; #9793: FSDP2 in 4.0-4.4, where 4.5.0 skips the context for "
+             "FSDP2 only). A model whose tensors cannot be read counts as moved (upstream's reload); the optimizer "
+             "is left to ms-swift. Stands down by probe where `offload_context` reloads on `offload_model`'s "
+             "result (4.6.0 `GRPOTrainer`)"),
+    verified=("CPU: real ms-swift 4.6.0 `GKDTrainer` and 4.5.3 `GKDTrainer` / `GRPOTrainer` (built without "
+              "`__init__`, their own `GKDConfig` / `GRPOConfig`), `_prepare_rollout_params` + `_prepare_vllm` on "
+              "the stand-in with the trained model on the CPU and CUDA's `Tensor.to` semantics for the stand-in's "
+              "GPU (`tests/support/residency.py`): without the shim every byte of the student / policy is on the "
+              "device after the construction (asserted, 4.6.0 and 4.5.3); with it none, and a reference model that "
+              "was on the device is offloaded and back (per model); around a rollout (model on the device) both "
+              "runs offload and reload it. 4.6.0 `GRPOTrainer`: stands down by version and by probe. 4.6.0's "
+              "`offload_model` reads `tensor.device.type` (always 'cpu' on a CPU torch), so the rollout-time and "
+              "reference-model cases run on 4.5.3 only"),
 )
 
 PATCH_GRPO = Patch(
@@ -104,8 +119,8 @@ PATCH_GRPO = Patch(
     apply=_apply_to("GRPOTrainer", "swift-grpo-offload-reload"),
     probe=probe_grpo,
     summary="GRPOTrainer.offload_context loads back only the models its offload moved off the device (as 4.6.0)",
-    verified="CPU: real ms-swift 4.5.3 GRPOTrainer._prepare_vllm with the policy on the CPU, on the vLLM stand-in; "
-             "4.6.0 stands down by probe",
+    changes=PATCH_GKD.changes,
+    verified=PATCH_GKD.verified,
 )
 
 PATCHES = [PATCH_GKD, PATCH_GRPO]

@@ -100,8 +100,22 @@ PATCH = Patch(
     probe=probe,
     summary="RolloutTrainerMixin._fast_infer: a same-step rollout without a push wakes vLLM's weights after "
             "offload_context, with the KV cache (as ms-swift 4.6.0)",
-    verified="CPU: real ms-swift 4.5.3 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in; "
-             "4.6.0 stands down",
+    changes=("`RolloutTrainerMixin._fast_infer` (3.6-3.9: `GRPOTrainer._fast_infer`): a rollout that needs no "
+             "weight push no longer wakes vLLM's weights before `offload_context()` has moved the trainer off the "
+             "device (both there at once: OOM where they do not fit); they wake with the KV cache inside it "
+             "(`wake_up(tags=[\"weights\", \"kv_cache\"])`, 4.6.0's order). Rollouts that push keep upstream's order "
+             "(the push needs both); nothing changes at level 2, without offload or with an untagged `wake_up`. "
+             "Stands down by range and, where `_fast_infer` decides the early wake on `needs_weight_sync` (4.6.0), "
+             "by probe."),
+    verified=("CPU: real ms-swift 4.5.3 and 3.10.1 `RolloutTrainerMixin` with the release's "
+              "`GRPOTrainer.offload_context`, and 3.9.3 `GRPOTrainer`, level 1, two rollouts per step, on the "
+              "stand-in (the trainer model's bytes booked on the fake device around the real `offload_model` / "
+              "`load_model`): the second rollout of each step wakes the weights with the trainer on the device "
+              "without the shim (asserted), after the offload with it, every rollout on the trained weights; "
+              "4.6.0: the same order with and without the shim (the one the shim gives 4.5.3), nothing wrapped, "
+              "the probe says fixed. The wake code is identical in 4.0.0-4.5.3 (and in 3.10.0-3.12.6 up to the "
+              "level-2 push, 3.8-3.9 `GRPOTrainer`; 3.6-3.7 spell the early wake differently); the probe accepts "
+              "every one of them and stands down on 4.6.0 (read in the wheels); other releases not run."),
 )
 
 
@@ -122,8 +136,17 @@ PATCH_MEGATRON = Patch(
     probe=probe_megatron,
     summary="MegatronRolloutMixin._generate_completions: a same-step rollout without a push wakes vLLM's weights "
             "after offload_context, with the KV cache (as ms-swift 4.6.0)",
-    verified="CPU: real ms-swift 4.5.3 MegatronRolloutMixin (MegatronGRPOTrainer, offload_context, the weight push "
-             "through an HF-layout bridge) on the vLLM stand-in; 4.6.0 stands down",
+    changes=("the wrapper of `swift-resample-wake-order` on `MegatronRolloutMixin._generate_completions` (the same "
+             "order in every release 4.0.0-4.5.3, the same fix in 4.6.0; its step is `_step`)"),
+    verified=("CPU: real ms-swift 4.5.3 `MegatronGRPOTrainer` (built without `__init__`; megatron-core 0.16.1, "
+              "mcore-bridge names stood in), its `_init_rollout_engine` and two `_generate_completions` per step "
+              "at level 1 with `--offload_model` (the real `offload_megatron_model_to_cpu` / "
+              "`load_megatron_model_to_gpu` on the trainer's parameters as device memory of the stand-in, "
+              "`tests/support/residency.py`; the push through the real `_move_model_to_vllm` -> "
+              "`_export_and_load_weights`, with `tests/support/mcore_bridge.HFLayoutBridge.export_weights`): the "
+              "second rollout of each step wakes the weights with the trainer's bytes on the device without the "
+              "shim (asserted), with the KV cache after the offload with it, every rollout on the trained weights; "
+              "4.6.0 stands down by version and probe, the same order with and without the shim"),
 )
 
 PATCH_3X = Patch(
@@ -136,7 +159,8 @@ PATCH_3X = Patch(
     apply=apply,
     probe=probe,
     summary="3.x RolloutTrainerMixin._fast_infer: the same order as 4.6.0 (no 3.x release has it)",
-    verified="CPU: real ms-swift 3.10.1 RolloutTrainerMixin + GRPOTrainer.offload_context on the vLLM stand-in",
+    changes=PATCH.changes,
+    verified=PATCH.verified,
 )
 
 PATCH_GRPO = Patch(
@@ -149,7 +173,8 @@ PATCH_GRPO = Patch(
     apply=apply_grpo,
     probe=probe_grpo,
     summary="3.6-3.9 GRPOTrainer._fast_infer: the same order as 4.6.0 (no 3.x release has it)",
-    verified="CPU: real ms-swift 3.9.3 GRPOTrainer on the vLLM stand-in",
+    changes=PATCH.changes,
+    verified=PATCH.verified,
 )
 
 PATCHES = [PATCH, PATCH_MEGATRON, PATCH_3X, PATCH_GRPO]

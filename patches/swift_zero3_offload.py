@@ -105,10 +105,25 @@ PATCH = Patch(
     module="swift.trainers.rlhf_trainer.rollout_mixin",
     apply=_apply_to("RolloutTrainerMixin"),
     probe=probe,
-    verified="CPU: real ms-swift 3.10.1 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in: vLLM's start-up "
-             "check fails without the shim (partitions still on the device), passes with it; 3.12.3 stands down "
-             "by probe",
     **_COMMON,
+    changes=("`offload_model` / `load_model`: after ms-swift's own loop (which moves only `param.data`, an empty "
+             "tensor under ZeRO-3), each ZeRO-3 partition (`param.ds_tensor`) goes to the CPU (then `empty_cache`) "
+             "and back to ms-swift's `get_current_device()` on load, as 4.0.0 / 3.12.3 do. Without it the offload "
+             "around vLLM's construction frees ~0 bytes of the model and vLLM's start-up check fails (or the KV "
+             "cache shrinks). Stands down by probe where `offload_model` already moves `ds_tensor`; models without "
+             "ZeRO-3 parameters and FSDP2 are left to ms-swift. Limit (4.0.0's too): once DeepSpeed's ZeRO-3 "
+             "optimizer exists, the trained model's partitions are views of its flat buffer, which keeps the "
+             "memory; reference model, GKD teacher and the model at vLLM's construction are freed"),
+    verified=("CPU: real ms-swift 3.10.1 and 3.9.3 `GRPOTrainer` vLLM construction (`offload_context`, engine "
+              "build, first sleep) with the model loaded under ZeRO-3 by deepspeed 0.19.8 (CPU build), its "
+              "partitions device memory of the stand-in's GPU (`tests/support/residency.py`, half of it), "
+              "`vllm_gpu_memory_utilization=0.6`: without the shim every partition byte is still on the device at "
+              "the build and vLLM's start-up check fails (asserted, 3.10.1); with it 0 bytes at the build, the "
+              "engine starts, all partitions back on the device afterwards with identical values; once the "
+              "DeepSpeed engine (ZeRO-3 optimizer, SGD) exists, the offload around a rollout leaves the device as "
+              "it was (4.0.0's copy would hold the partitions twice). 3.12.3 (upstream's fix): the probe alone "
+              "(range widened) stands it down, nothing wrapped; upstream's fix passes the same observation, and "
+              "holds the partitions twice after the rollout offload (asserted)"),
 )
 
 PATCH_GRPO = Patch(
@@ -118,8 +133,9 @@ PATCH_GRPO = Patch(
     module="swift.trainers.rlhf_trainer.grpo_trainer",
     apply=_apply_to("GRPOTrainer"),
     probe=probe_grpo,
-    verified="CPU: real ms-swift 3.9.3 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in",
     **_COMMON,
+    changes=PATCH.changes,
+    verified=PATCH.verified,
 )
 
 PATCHES = [PATCH, PATCH_GRPO]

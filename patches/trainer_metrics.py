@@ -58,8 +58,12 @@ PATCH = Patch(
     probe=_probe,
     summary="shim/ figures (sleeps, ineffective sleeps, GiB freed per sleep, weight pushes, verified/stale "
             "rollouts) in the trainer's logged metrics; stale-rollout alarm on the trainer's logp difference",
-    verified="CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: shim/ keys in log_history; alarm fires "
-             "with trl-stale-weights disabled, silent with it on",
+    changes=("`Trainer.log`: adds the `shim/` figures to the logs before they are recorded and feeds the "
+             "stale-rollout alarm"),
+    verified=("CPU: real TRL 1.9.2 `GRPOTrainer` on the stand-in: `shim/` keys at every step of `log_history`; "
+              "with `trl-stale-weights` disabled TRL's logp difference is 1.5-1.9 and the alarm fires once "
+              "(asserted), with the shim whole it stays ~0 and silent; none without the shim. Real transformers "
+              "4.57.6 `Trainer`: callbacks see the keys, eval logs untouched, an error never stops the log"),
 )
 
 def _probe_swift(module):
@@ -86,7 +90,10 @@ SWIFT = Patch(
     apply=_apply_swift,
     probe=_probe_swift,
     summary="shim/weight_pushes for ms-swift: each RolloutTrainerMixin._move_model_to_vllm that returned",
-    verified="CPU: real ms-swift 3.10.1 and 4.6.0 rollouts on the vLLM stand-in: the count equals the pushes made",
+    changes=("`RolloutTrainerMixin._move_model_to_vllm`: each push that returned counts in `shim/weight_pushes` "
+             "(ms-swift pushes the weights itself, through no path of the shim's); 3.2.1-3.9.x not counted"),
+    verified=("CPU: real ms-swift 3.10.1 and 4.6.0 level-2 rollouts on the stand-in: the count equals the pushes "
+              "the trainer made (counted outside the shim)"),
 )
 SWIFT_4X = SWIFT.like(id="trainer-metrics-swift-4x", affected=">=4.0.0", module="swift.rlhf_trainers.rollout_mixin",
                       tested_at=("swift", "4.6.0"))

@@ -31,7 +31,10 @@ PATCH = Patch(
     apply=_apply,
     probe=_probe,
     summary="GOLDTrainer: weights woken and pushed before every generate after a level-2 sleep",
-    verified="CPU: real TRL 0.29.1 GOLDTrainer on the vLLM stand-in (crash without the shim, asserted)",
+    changes=("GOLD wakes only `kv_cache` before generating after a level-2 sleep: the shim wakes and pushes the "
+             "trained weights first (and skips its `reload_weights` from disk)"),
+    verified=("CPU: real TRL 0.27.2 and 0.29.1 `GOLDTrainer`: illegal memory access without the shim (asserted), "
+              "trained weights at every generate with it"),
 )
 
 PATCHES = [PATCH]

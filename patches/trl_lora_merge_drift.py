@@ -90,8 +90,28 @@ PATCH = Patch(
     apply=apply_iter,
     probe=probe_iter,
     summary=_SUMMARY,
-    verified="CPU: real TRL 1.16.0 GRPOTrainer with PEFT 0.18.1 LoRA (Linear + Embedding) on a bf16 model, colocate "
-             "on the vLLM stand-in and server mode: base bytes unchanged, engine = base + adapter",
+    changes=("A PEFT model's weight push (colocate and server mode): PEFT's `merge_adapter`/`unmerge_adapter` (in "
+             "place: `W += dW`, then `W -= dW`, which in bf16 does not give `W` back) are stood in for during the "
+             "push and write nothing; each LoRA base tensor is handed to the engine, as the push reads it, as "
+             "PEFT's own `merge` of its layer applied to a copy (one layer's copy alive at a time; "
+             "`shim.peft.merge`), so the engine gets the bytes upstream's merge gives it and the frozen base keeps "
+             "its bytes. Where the tensors are read: 1.11-1.16 every tensor `VLLMGeneration._iter_named_params` "
+             "yields; 0.28-1.10 (`VLLMGeneration.sync_weights`) and 0.23-0.27 "
+             "(`GRPOTrainer`/`RLOOTrainer._move_model_to_vllm`) what the push hands the colocated engine model's "
+             "`load_weights` or the client's `update_named_param` (stood in for on those objects for the one "
+             "push). Left to upstream, one WARNING: FSDP, tuner layers other than LoRA "
+             "`Linear`/`Embedding`/`Conv1d-3d`, LoRA variants (DoRA, ...), a layer already merged or offloaded. "
+             "Non-PEFT models: upstream untouched. Each stands down by probe where its push no longer calls "
+             "`merge_adapter`/`unmerge_adapter`"),
+    verified=("CPU: real TRL 1.16.0, 1.9.2, 1.0.0 `GRPOTrainer` and 0.27.2 `GRPOTrainer`/`RLOOTrainer` + PEFT "
+              "0.18.1 LoRA (`q_proj`, `v_proj`, `embed_tokens`, adapter initialised non-zero) on a bf16 model, 4 "
+              "steps, colocate with sleep mode on the stand-in: without the shim the frozen base's bytes change at "
+              "the first push (~12k elements) and keep walking (asserted), with it unchanged at all 8 generates "
+              "and the engine within one bf16 rounding of base + adapter merged out of place (test-side "
+              "reference), both layer classes; server mode on 1.16.0, 1.9.2 and 0.27.2 (TRL's own push with a "
+              "recording server stand-in, 4 syncs): the same; DoRA on 1.16.0: upstream unchanged, one WARNING. "
+              "0.23.1 + PEFT fails in TRL's own backward on this stack (DDP marks a LoRA weight ready twice, with "
+              "and without the shim): not run"),
 )
 SYNC = PATCH.like(
     id="trl-lora-merge-drift-sync", affected=">=0.28.0,<1.11.0", tested_at=("trl", "1.9.2"),

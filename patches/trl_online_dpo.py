@@ -27,7 +27,11 @@ PATCH = Patch(
     apply=_apply,
     probe=_probe,
     summary="OnlineDPOTrainer: trained weights pushed before every generate after a level-2 sleep",
-    verified="CPU: real TRL OnlineDPOTrainer, gradient_accumulation_steps=2, on the vLLM stand-in",
+    changes=("`_generate_vllm_colocate` runs per micro-batch but pushes only when `global_step` changed, after a "
+             "level-2 sleep: the shim pushes the trained weights before every generate whose weights were "
+             "discarded"),
+    verified=("CPU: real TRL 0.28.0/1.9.2/1.16.0 `OnlineDPOTrainer`, GA=2: garbage weights without the shim "
+              "(asserted), trained weights with it"),
 )
 
 PATCHES = [PATCH]

@@ -43,9 +43,23 @@ GENERATION = Patch(
     affected=">=0.28.0",
     module="trl.generation.vllm_generation",
     tested_at=("trl", "1.16.0"),
-    verified="CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized "
-             "kv_b_proj)",
     **_push("VLLMGeneration", "sync_weights", generation_colocate),
+    changes=("TRL's colocated push method (`VLLMGeneration.sync_weights`, `OnlineDPOTrainer._move_model_to_vllm`, "
+             "the 0.x GRPO/RLOO `_move_model_to_vllm`) runs inside one `shim.vllm.reload.session`: the engine "
+             "model's `load_weights` is wrapped for the push; its first call opens vLLM's "
+             "`initialize_layerwise_reload` (after TRL's weights wake, so vLLM's level-2 buffer restore finds the "
+             "real buffers), the push's last tensor is followed by `finalize_layerwise_reload` (vLLM 0.16+; before "
+             "0.16: the attention layers whose `kv_b_proj` was written re-run `process_weights_after_loading`), "
+             "every re-derived plain attribute (MLA `W_UK_T`/`W_UV`) is copied into the storage it had (sleep "
+             "pool, CUDA-graph addresses) (the encoder/mm cache reset that 0.24's `reload_weights` adds stays "
+             "`trl-vlm-encoder-cache`'s). Colocate only; ms-swift's subclasses untouched. Stands down where the "
+             "class no longer pushes with a raw `load_weights` or already uses the reload"),
+    verified=("CPU: real TRL 1.16.0 (shim off), 1.9.2 and 0.26.2 (shim on, this patch disabled) GRPO on a tiny "
+              "DeepSeek-V2 with a quantized `kv_b_proj` (stand-in 0.24.0; 0.10.2 for 0.26.2): derived matrices "
+              "stale from the first rollout and final greedy output unlike a fresh engine loaded with the "
+              "trainer's weights (asserted); with the patch every rollout's matrices follow `kv_b_proj`, stay in "
+              "the weights pool, and the greedy output equals the fresh engine's. GPU: `bench/gpu_mla_push.py` "
+              "(not run yet)"),
 )
 ONLINE_DPO = GENERATION.like(
     id="trl-online-dpo-push-reprocess", module="trl.experimental.online_dpo.online_dpo_trainer", affected=">=0.26.0",

@@ -58,7 +58,13 @@ PATCH = Patch(
     probe=probe,
     summary="after every weight push (colocate): vLLM's encoder and multi-modal caches reset, so reused "
             "images are encoded with the new weights",
-    verified="CPU: real TRL 1.16.0 and 1.9.2 VLLMGeneration on the vLLM stand-in's encoder cache",
+    changes=("`VLLMGeneration.sync_weights` (and the shim's own push path): after every push the engine's encoder "
+             "cache (`LLMEngine.reset_encoder_cache`, vLLM >=0.16) and multi-modal caches (`reset_mm_cache`) are "
+             "reset, so a reused image is encoded with the new weights; vLLM <0.16 has no reset: one WARNING. "
+             "Stands down where `sync_weights` resets the encoder cache"),
+    verified=("CPU: real TRL 1.16.0 and 1.9.2 `VLLMGeneration` on the stand-in's encoder cache (shared by content "
+              "hash, as vLLM's `EncoderCacheManager`): the second rollout reads the image embedding of the old "
+              "weights without the shim (asserted), fresh with it"),
 )
 
 ONLINE_DPO = PATCH.like(
@@ -69,7 +75,11 @@ ONLINE_DPO = PATCH.like(
     probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
     summary="OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal caches "
             "reset after it, so reused images are encoded with the new weights (sleep mode off too)",
-    verified="CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0",
+    changes=("`OnlineDPOTrainer._move_model_to_vllm` (colocate): after its push (a prefix-cache reset only) the "
+             "encoder and multi-modal caches are reset, as `trl-vlm-encoder-cache` does for `VLLMGeneration`"),
+    verified=("CPU: real TRL 1.16.0 OnlineDPO with sleep mode off (its default), the `VLLMGeneration` record "
+              "disabled: a reused image gets the old vision tower's embedding without the shim (asserted), fresh "
+              "with it"),
 )
 ONLINE_DPO_0X = ONLINE_DPO.like(
     id="trl-online-dpo-encoder-cache-0x", module="trl.trainer.online_dpo_trainer", affected=">=0.23.0,<0.26.0",

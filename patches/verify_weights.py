@@ -163,12 +163,20 @@ VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0, 0.9.0 and 0.9.1 ServerAdapter.upd
                  "SHIM_STRICT=1 (before the fix: unverifiable, 'returned no digests', as on the H200)")
 
 
-VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with trl-stale-weights "
-            "disabled, silent with it on; real TRL 1.10.0 with every push missing one tensor (left discarded by the "
-            "level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
+CHANGES = ("nothing changes in what runs: the trainer's generate method names the trainer model its engine must "
+           "equal; `vllm.LLM.generate`/`chat` (innermost, after any push) compares the two (ms-swift: before "
+           "`_infer_single_or_multi_turn`). Applies whether or not a fix applies (TRL 1.10.0+, a patch disabled or "
+           "standing down); stands down when the switch is off")
+"""What the shim changes at the TRL, ms-swift and vLLM sites (verl's: their summaries)."""
+
+VERIFIED = ("CPU: real TRL 1.9.2 `GRPOTrainer` with `trl-stale-weights` disabled: `stale weights` reported at "
+            "exactly the rollouts the test's bit-for-bit observation finds stale (4 of 6), silent with the fix (6 "
+            "of 6 verified), `SHIM_STRICT=1` stops the run; TRL 1.10.0 verified; real "
+            "TRL 1.10.0 with every push missing one tensor (left discarded by the level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
             "without chat (this record's vLLM half stands down): every rollout counted unverifiable, one WARNING, "
             "status reason; digests equal to the definition, every single changed element and swaps seen, chunking "
-            "and routes agree; tensor-parallel slices (fused qkv/gate_up, row/vocab parallel) on CPU tensors. "
+            "and routes agree; tensor-parallel slices on CPU tensors (rank r of 2, fused `qkv_proj`/`gate_up_proj`, "
+            "row/vocab parallel, replicated kv heads). "
             "PEFT LoRA (bf16): real TRL 1.16.0/1.9.2 GRPO, 0.27.2 GRPO and RLOO, ms-swift 4.6.0/3.10.1 full push with "
             "the adapter merged: every rollout verified against the adapter merged as the push merges it (before: "
             "every one unverifiable); a push leaving out one LoRA-merged tensor reported naming it; ms-swift with "
@@ -181,7 +189,7 @@ def _patch(patch_id, distribution, affected, module, probe_apply, summary, teste
                  issue="weight verification (SHIM_VERIFY_WEIGHTS)",
                  distribution=distribution,
                  affected=affected, module=module, apply=apply, probe=probe, summary=summary,
-                 verified=verified)
+                 verified=verified, changes=CHANGES if verified is VERIFIED else "")
 
 
 PATCHES = [

@@ -70,8 +70,12 @@ PATCH = Patch(
     probe=probe,
     summary="HYBRID rollout with MTP speculative decoding: the sleep runs at level 1 (as verl 0.9.0), so the "
             "drafter's weights survive it; MTP off: level 2 unchanged",
-    verified="CPU: real verl 0.7.1 and 0.8.0 vLLMHttpServer sleep on the vLLM stand-in's AsyncLLM with an MTP "
-             "drafter (off: level 2, drafter weights garbage after the wake; on: level 1, kept); 0.9.0 stands down",
+    changes=("verl's HYBRID rollout sleep (`vLLMHttpServer`, 0.7.1-0.8.x) with an MTP drafter sleeps at level 1, "
+             "as 0.9.0 does (level 2 discards the drafter's weights, never pushed again: no draft token accepted); "
+             "MTP off stays at level 2"),
+    verified=("CPU: real verl 0.7.1 and 0.8.0 on the stand-in's `AsyncLLM` with an MTP drafter: the drafter's "
+              "weights discarded after the first sleep without the shim (asserted), kept with it; 0.9.0 stands "
+              "down"),
 )
 
 PATCHES = [PATCH]

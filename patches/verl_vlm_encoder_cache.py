@@ -54,8 +54,13 @@ PATCH = Patch(
     probe=probe,
     summary="after every weight update (vLLMHttpServer.clear_kv_cache): vLLM's mm and encoder caches reset, "
             "as verl 0.9.0 does, so reused images are encoded with the new weights",
-    verified="CPU: real verl 0.7.1 and 0.8.0 vLLMHttpServer on the vLLM stand-in's AsyncLLM with its encoder "
-             "cache (off: the reused image's embedding from the old weights; on: recomputed); 0.9.0 stands down",
+    changes=("`vLLMHttpServer.clear_kv_cache` (every verl weight update ends there, naive and checkpoint-engine "
+             "flows): after verl's own body, on the server holding the engine, `AsyncLLM.reset_mm_cache()` then "
+             "`reset_encoder_cache()` (vLLM 0.16+; older: one WARNING, the encoder cache stays), as 0.9.0's "
+             "`clear_kv_cache` does. 0.7.1 and 0.8.0 pin `vllm<=0.12`: there only the mm cache can be reset"),
+    verified=("CPU: real verl 0.7.1 (sleep on and off) and 0.8.0 (`free_cache_engine=False`, sleep on with vLLM "
+              "0.16) on the stand-in's `AsyncLLM` and encoder cache: a reused image gets the old weights' "
+              "embedding without the shim (asserted), recomputed with it; 0.9.0 stands down"),
 )
 
 PATCHES = [PATCH]

@@ -103,7 +103,14 @@ GPU = Patch(
     apply=_apply_gpu,
     probe=_probe_gpu,
     summary="a wake without the weights tag after a level-2 sleep keeps the saved buffers for the weights wake",
-    verified="CPU: vLLM stand-in 0.24.0 (tag-blind) and 0.27.0 (stands down)",
+    changes=("the worker's `wake_up`: a wake without `weights` leaves the buffers saved by the level-2 sleep (rope "
+             "`inv_freq` / `cos_sin_cache`, in no checkpoint) for the weights wake, instead of copying them into "
+             "unmapped weight memory (CUDA_ERROR_ILLEGAL_ADDRESS / NPU MTE fault) and dropping them. The probe "
+             "reads `wake_up` and stands down where the restore waits for the weights tag"),
+    verified=("CPU: stand-in (vLLM 0.24.0 CUDA, NPU mode): `kv_cache`-first wake faults without the shim "
+              "(asserted), buffers and greedy output identical with it; vLLM 0.27.0: stands down. Real TRL GOLD "
+              "0.27.2 / 0.29.1: with the shim's GOLD fix alone the `kv_cache` wake faults in the buffer restore "
+              "(asserted), every rollout on the trained weights with this patch"),
 )
 
 NPU = Patch(
@@ -116,7 +123,8 @@ NPU = Patch(
     apply=_apply_npu,
     probe=_probe_npu,
     summary="as vllm-level2-buffers, on vllm-ascend's NPUWorker (else an MTE fault at the kv_cache wake)",
-    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata)",
+    changes=GPU.changes,
+    verified=GPU.verified,
 )
 
 GPU_PLAIN = Patch(
@@ -131,8 +139,27 @@ GPU_PLAIN = Patch(
     probe=_probe_gpu_plain,
     summary="a level-2 sleep keeps the plain tensor attributes allocated in the weights pool (host copies, restored "
             "at the weights wake; views of parameters/buffers and what the next push re-derives skipped)",
-    verified="CPU: vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized kv_b_proj), 0.10.2 (matrices on the impl), "
-             "0.33.0 (a plain attribute); 0.34.0 keeps it itself (stands down)",
+    changes=("the worker's `sleep`: before a level-2 sleep, host copies of every plain tensor attribute (modules "
+             "and their `impl`) whose storage lies in the weights pool, except views of parameters/buffers and, "
+             "where the pushes go through `shim.vllm.reload`, the attention layers' attributes; `wake_up`: written "
+             "back once the weights tag is mapped (any wake order); the shim's sleep line says `plain tensors "
+             "kept: N storage(s), B bytes`. The NPU record also keeps the storages referenced by globals of "
+             "`vllm_ascend` modules (in the weights pool, not a parameter's or a buffer's): vllm-ascend 0.13.0+'s "
+             "MLA/MTP rope caches `_cos_cache`/`_sin_cache` (`vllm_ascend/ops/rotary_embedding.py`, "
+             "`_record_cos_and_sin_cache_interleaved` in `AscendRotaryEmbedding.__init__`: one tensor made in the "
+             "weights pool at `load_model`, read by `get_cos_and_sin_mla` at every MLA/SFA step, restored by "
+             "nothing in 0.23.0; fix PR vllm-ascend#17217 open). The probe needs the class's own `sleep`/`wake_up` "
+             "and a `sleep` that saves `named_buffers`; it stands down where `sleep` saves module attributes, and "
+             "as fixed upstream from vLLM 0.34 (range `<0.34.0`; the probe also where the worker has "
+             "`_discardable_parameters`: 0.34 discards only the allocations holding nothing but parameters and "
+             "offloads the rest)"),
+    verified=("CPU: stand-in 0.24.0 (CUDA, NPU), 0.10.2 (matrices on `impl`), 0.33.0 (a plain attribute lost "
+              "without the shim, kept with it), 0.34.0 (kept without the shim; the record stands down as fixed "
+              "upstream and the stale-rollout alarm does not name it): after a level-2 sleep and a raw push of the "
+              "same weights the MLA matrices and the greedy output differ without the shim (asserted), identical "
+              "with it; unquantized (views): nothing copied. NPU, vllm-ascend 0.23.0 (DeepSeek-V2 MLA): "
+              "`_cos_cache`/`_sin_cache` garbage and the greedy output differs without the shim (asserted), both "
+              "back and identical output with it (1 storage, 16 KiB kept); 0.13.0rc1: no such caches, nothing kept"),
 )
 
 NPU_PLAIN = Patch(
@@ -146,8 +173,8 @@ NPU_PLAIN = Patch(
     probe=_probe_npu_plain,
     summary="as vllm-level2-tensors, on vllm-ascend's NPUWorker, plus the weights-pool tensors held by vllm_ascend "
             "module globals (the MLA/MTP rope caches _cos_cache/_sin_cache, vllm-ascend#17217)",
-    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata: MLA matrices; 0.23.0: the rope "
-             "caches, greedy output differs without the shim, identical with it)",
+    changes=GPU_PLAIN.changes,
+    verified=GPU_PLAIN.verified,
 )
 
 PATCHES = [GPU, NPU, GPU_PLAIN, NPU_PLAIN]

@@ -61,8 +61,25 @@ PATCH = Patch(
     probe=probe,
     summary="sleep mode with speculative decoding: sleep_preserve_parameter_names=['draft.*'] unless the caller "
             "set it, so a level-2 sleep keeps the drafter's weights (no push writes them)",
-    verified="CPU: vLLM stand-in 0.33.0 and 0.34.0, LLM and AsyncLLM with an MTP drafter, level 2, push of the "
-             "target only (off: drafter garbage; on: kept; a caller's [] left alone)",
+    changes=("`EngineArgs.__init__` and `AsyncEngineArgs.__init__` (vLLM >=0.33, the dataclasses' own generated "
+             "`__init__`: every `LLM(...)` and every `AsyncLLM.from_engine_args` caller builds one): a call that "
+             "does not name `sleep_preserve_parameter_names`, with `enable_sleep_mode` and a speculative config "
+             "(`speculative_config`, or 0.33's `spec_method`/`spec_model`), gets `[\"draft.*\"]` and one INFO line; "
+             "a value the caller passed, `[]` included, stays (so does `from_cli_args`, which passes every field: "
+             "`vllm serve` users pass `--sleep-preserve-parameter-names 'draft.*'`). vLLM then keeps the drafter's "
+             "own parameters (`Worker._get_sleep_parameters` names them `draft.<name>`, shared embeddings/head "
+             "left out; 0.33 host copies restored at the weights wake, 0.34 their allocation offloaded instead of "
+             "discarded); `draft.*` matching nothing raises nothing in either. Below 0.33 nothing: no knob "
+             "upstream (host copies by the shim would be a larger change for a speed loss). Probe: both classes' "
+             "`__init__` take `enable_sleep_mode`, `speculative_config`, `sleep_preserve_parameter_names`"),
+    verified=("CPU: stand-in 0.33.0 and 0.34.0, MTP drafter, `vllm.LLM` and "
+              "`AsyncLLM.from_engine_args(AsyncEngineArgs(...))`: level-2 sleep, weights wake, push of the "
+              "target's parameters only, kv_cache wake: without the shim the drafter's fingerprint changed "
+              "(garbage; same greedy output; 0.34's warning raised), with it kept and no warning (asserted); a "
+              "caller's `[]` or `[\"draft.enorm\"]` left alone; no speculative config: nothing set; a trainer that "
+              "also pushes its drafter after the weights wake ends with the pushed values; 0.31 stands down. "
+              "Mutations: the `AsyncEngineArgs` wrap removed (async cases red), a caller's value overridden or "
+              "`[]` taken as unset (left-alone cases red)"),
 )
 
 PATCHES = [PATCH]

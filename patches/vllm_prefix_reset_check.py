@@ -41,7 +41,13 @@ PATCH = Patch(
     probe=probe,
     summary="reset_prefix_cache() == False retried once the KV cache is idle; still False: one WARNING "
             "(SHIM_STRICT raises)",
-    verified="CPU: vLLM stand-in (requests in flight at the push), real TRL 1.16.0 VLLMGeneration",
+    changes=("`LLMEngine.reset_prefix_cache` (what `LLM` and ms-swift call after a push): a False result (KV "
+             "blocks held by requests in flight) is retried once the KV cache is idle (at once when nothing is "
+             "unfinished, else by preempting the running requests, `reset_running_requests=True`, as vLLM's own "
+             "sleep does); still False: one WARNING per engine, `SHIM_STRICT=1` raises"),
+    verified=("CPU: real TRL 1.16.0 / 1.9.2 `VLLMGeneration` push with a request in flight: reset False and stale "
+              "prefix reused without the shim (asserted), reset and fresh with it; a stand-in whose reset always "
+              "fails: one WARNING over 3 pushes, strict raises"),
 )
 
 PATCHES = [PATCH]

@@ -184,7 +184,19 @@ GUARD = Patch(
     summary="expandable segments off (4 env vars + live setting) while a sleep-mode engine is built or woken; "
             "the user's setting restored exactly afterwards (stands down on CUDA with vLLM 0.31+, which does it "
             "itself and keeps the user's other allocator options)",
-    verified="CPU: vLLM stand-in, NPU and old-torch CUDA bypass modes, every route; 0.33.0/0.34.0 CUDA stand down",
+    changes=("`LLMEngine.__init__`/`wake_up`: expandable segments off (all four env vars and the live setting) "
+             "while the engine fills its sleep pool; your exact setting back afterwards, so training keeps it. "
+             "Stands down on CUDA with vLLM 0.31+ (fixed upstream: `device_allocator/alloc_conf.py` rewrites the "
+             "whole allocator string around the pool on every route; the guard's bare live write would make torch "
+             "drop `max_split_size_mb` and the like); the NPU guard stays"),
+    verified=("CPU: stand-in 0.33.0/0.34.0 CUDA with `expandable_segments:True,max_split_size_mb:256`: the option "
+              "survives build, sleep and wake (dropped by the guard before, asserted), the pool still frees; "
+              "stand-in, every route in NPU and old-torch CUDA modes: shim off frees ~0 (asserted), on >= 90%; "
+              "each of the four env vars reads `expandable_segments:False` inside the engine build, also in a "
+              "child process started there (on without the shim, asserted); a fault inside the wrapped build or "
+              "wake (error, `KeyboardInterrupt`, OOM) leaves the user's setting back "
+              "(`tests/unit/test_sleep_faults.py`); ms-swift 3.10.0/3.10.1/4.6.0 first sleep likewise. H200: every "
+              "route frees 99.94% (level 1) / 100% (level 2) of the pool, setting restored"),
 )
 
 CHECK = Patch(
@@ -199,7 +211,21 @@ CHECK = Patch(
     probe=_probe_engine,
     summary="every sleep verified (pool-tracked vs freed bytes: device readings on first/suspect/every 10th "
             "sleep, the pool's bookkeeping otherwise), first-sleep reset after warm-up, per-tag wake, telemetry",
-    verified="CPU: vLLM stand-in (CUDA and NPU modes)",
+    changes=("`LLMEngine.__init__`/`sleep`/`wake_up`: each sleep checked (bytes the sleep pool tracked vs bytes "
+             "the device got back; read on the device on the first sleep per level, suspect sleeps and every 10th, "
+             "from the pool's bookkeeping otherwise), one WARNING with cause and fix when a sleep frees less than "
+             "half, first-sleep reset after warm-up (re-checked, re-issued once if still ineffective), per-tag "
+             "wake (gc + `empty_cache` first), sleep while partially awake made effective, telemetry. On NPU every "
+             "sleep is followed by gc + `torch.npu.empty_cache()` (the #9563 fix; it was already there)"),
+    verified=("CPU: stand-in, CUDA and NPU; a pool that tracks real memory and gives back 40% is ineffective, 60% "
+              "is not; a sleep the pool says freed but the device did not is caught at the N-th sleep with device "
+              "figures; faults inside every wrapper: same exception to the caller, sleep state = the executor's, "
+              "next sleep/wake works; H200 (2026-11-30, every sleep then read on the device): the shim's per-sleep "
+              "figures equal `torch.cuda.mem_get_info` (0.00% apart); a sleep verified from the pool's bookkeeping "
+              "reports the pool's bytes, which that run's device figures were within 0.06% of; #9563: 50 "
+              "sleep/wake cycles on the stand-in's NPU mode (vllm-ascend 0.13.0rc1, the issue's 240 MB workspace "
+              "per wake): +11.5 GiB without the shim (asserted), flat with it, also with vLLM >=0.30 where only "
+              "the release after the sleep acts; flat without the shim on vllm-ascend 0.19.1rc1"),
 )
 
 LLM_CHECK = Patch(
@@ -214,6 +240,7 @@ LLM_CHECK = Patch(
     probe=_probe_llm,
     summary="as vllm-sleep-check, on vllm.LLM (outermost wrapper acts, no double counting)",
     verified="CPU: vLLM stand-in (CUDA and NPU modes)",
+    changes="the same on `vllm.LLM` (the outermost wrapper acts; no double counting)",
 )
 
 WORKER_GUARD = Patch(
@@ -227,7 +254,16 @@ WORKER_GUARD = Patch(
     probe=_probe_worker(_WORKER_GUARDED, guard=True),
     summary="as vllm-sleep-guard, in the worker's process (AsyncLLM / multiprocessing engine core): "
             "Worker.load_model, initialize_from_config and wake_up",
-    verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked",
+    changes=("the same allocator guard and sleep check on vLLM's worker (`vllm.v1.worker.gpu_worker.Worker` "
+             "construction, `sleep`, `wake_up`), in whichever process holds the device memory: vLLM's engine-core "
+             "subprocess under `AsyncLLM` (verl, OpenRLHF, `vllm serve`), Ray actors. An in-process worker under "
+             "an engine the shim already wraps passes through (no double counting); trace records carry the "
+             "worker's pid and parent pid, `report` groups them under the trainer's run"),
+    verified=("CPU: the stand-in's `AsyncLLM` with its engine core in a subprocess (fork and spawn): the worker's "
+              "sleep record comes from the engine core's pid; an ineffective sleep there is one WARNING. Real "
+              "OpenRLHF 0.11.2 `RolloutRayActor` (`create_vllm_engines`, two PPO steps, no Ray cluster: the class "
+              "under `ray.remote`) under `python -m shim`: 3 sleep records from the engine core's pid, level 1, "
+              "effective; without the shim none (asserted)"),
 )
 
 WORKER_CHECK = Patch(
@@ -242,7 +278,23 @@ WORKER_CHECK = Patch(
     probe=_probe_worker(_WORKER_CHECKED),
     summary="as vllm-sleep-check, on vLLM's Worker where the memory lives (the engine-core process of AsyncLLM); "
             "passes through where an in-process engine's check acts (one record per sleep)",
-    verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked; in-process LLM",
+    changes=("the same allocator guard and sleep check on vLLM's worker (`vllm.v1.worker.gpu_worker.Worker` "
+             "construction, `sleep`, `wake_up`), in whichever process holds the device memory: vLLM's engine-core "
+             "subprocess under `AsyncLLM` (verl, OpenRLHF, `vllm serve`), Ray actors. An in-process worker under "
+             "an engine the shim already wraps passes through (no double counting); trace records carry the "
+             "worker's pid and parent pid, `report` groups them under the trainer's run On vLLM >= 0.31: "
+             "`Worker.discard` (`release_kv_cache_memory`) is recorded on the worker's state; the worker's wake "
+             "passes vLLM's tags on unchanged (vLLM's executor has checked them); a sleep is woken first only "
+             "where the executor refuses it (`weights` asleep) and judged on the tags still mapped"),
+    verified=("CPU: the stand-in's `AsyncLLM` with its engine core in a subprocess (fork and spawn): the worker's "
+              "sleep record comes from the engine core's pid; an ineffective sleep there is one WARNING. Real "
+              "OpenRLHF 0.11.2 `RolloutRayActor` (`create_vllm_engines`, two PPO steps, no Ray cluster: the class "
+              "under `ray.remote`) under `python -m shim`: 3 sleep records from the engine core's pid, level 1, "
+              "effective; without the shim none (asserted) vLLM >= 0.31: CPU: stand-in 0.31.0 and 0.34.0, "
+              "`AsyncLLM` with a forked engine core and an in-process `LLM`: pause, `release_kv_cache_memory`, "
+              "`wake_up([\"kv_cache\"])`, rollout; before the fix the shim skipped the worker's KV wake and the "
+              "rollout hit unmapped memory; a sleep after a discard re-maps nothing and is judged effective on the "
+              "weights alone"),
 )
 
 NPU_WORKER_GUARD = Patch(
@@ -255,7 +307,14 @@ NPU_WORKER_GUARD = Patch(
     apply=_worker_guard("NPUWorker"),
     probe=_probe_worker(_WORKER_GUARDED, "NPUWorker", own=True, guard=True),
     summary="as vllm-worker-sleep-guard, on vllm-ascend's NPUWorker (its own methods: the records on Worker miss it)",
-    verified="CPU: vLLM stand-in in NPU mode, AsyncLLM engine core forked",
+    changes=("the same two on vllm-ascend's `vllm_ascend.worker.worker.NPUWorker`: it subclasses vLLM's "
+             "`WorkerBase`, not `Worker` (vllm-ascend 0.23.0 `worker/worker.py:89`), and defines `__init__` (:90), "
+             "`sleep` (:216), `wake_up` (:241), `load_model` (:681) and `initialize_from_config` (:907) itself, so "
+             "the records on `Worker` never reach it; the probe asks for the class's own methods"),
+    verified=("CPU: the stand-in in NPU mode (its `NPUWorker` keeps those methods its own), `AsyncLLM` with the "
+              "engine core forked, expandable segments on through `PYTORCH_ALLOC_CONF`: without the shim both "
+              "sleeps free ~0 (pool empty), with it they free the pool and the check records them from the engine "
+              "core's pid as `NPUWorker#1`"),
 )
 
 NPU_WORKER_CHECK = Patch(
@@ -269,7 +328,8 @@ NPU_WORKER_CHECK = Patch(
     apply=_worker_check("NPUWorker"),
     probe=_probe_worker(_WORKER_CHECKED, "NPUWorker", own=True),
     summary="as vllm-worker-sleep-check, on vllm-ascend's NPUWorker",
-    verified="CPU: vLLM stand-in in NPU mode, AsyncLLM engine core forked; in-process LLM",
+    changes=NPU_WORKER_GUARD.changes,
+    verified=NPU_WORKER_GUARD.verified,
 )
 
 CORE_WAKE = Patch(
@@ -283,7 +343,17 @@ CORE_WAKE = Patch(
     probe=_probe_core,
     summary="EngineCore.wake_up (the engine core of AsyncLLM / multiprocessing LLM, in its own process) passes "
             "only the requested tags that are asleep, as vllm-sleep-check does in process; once per wake",
-    verified="CPU: vLLM stand-in AsyncLLM, engine core spawned and forked (weights woken, then both tags)",
+    changes=("`vllm.v1.engine.core.EngineCore.wake_up` passes only the requested tags the executor reports asleep "
+             "(plus `scheduling`): vLLM's `Executor.wake_up` drops a whole wake that names an awake tag (0.24.0 "
+             "`v1/executor/abstract.py:331-343`), and 0.24's `EngineCore.wake_up` resumes the scheduler only once "
+             "the executor is fully awake (`v1/engine/core.py:799-815`), so `wake_up([\"weights\"])` then "
+             "`wake_up([\"weights\", \"kv_cache\"])` leaves an `AsyncLLM` that accepts requests and never runs them. "
+             "The engine-level check does this where it sees the executor; in an engine-core process only this "
+             "wrapper does. An in-process core (`InprocClient`) is adopted by the engine's check and passes "
+             "through"),
+    verified=("CPU: the stand-in's `AsyncLLM` (spawned and forked engine cores): without the shim the second wake "
+              "is dropped in the core and the next rollout fails (the stand-in raises where vLLM waits); with it "
+              "the worker wakes `weights` then `kv_cache` and the rollout equals the first"),
 )
 
 PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK, NPU_WORKER_GUARD, NPU_WORKER_CHECK, CORE_WAKE]
