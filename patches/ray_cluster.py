@@ -1,19 +1,14 @@
 """Actors and tasks of a Ray cluster started with ``ray start`` run without the shim unless every node installed it.
 
-Upstream: none (a feature of the shim's activation). Asked for in issue 30 item 4 (multi-node verl, OpenRLHF,
-          ms-swift Ray: a worker of a ``ray start`` cluster is the raylet's child, not the driver's, so the
-          ``PYTHONPATH`` of ``python -m shim`` never reaches it)
+Upstream: none (a feature of the shim's activation, issue 30 item 4: multi-node verl, OpenRLHF, ms-swift Ray): a
+          worker of a ``ray start`` cluster is the raylet's child, so ``python -m shim``'s ``PYTHONPATH`` misses it
 Affects:  ray >=2.10.0 (``runtime_env`` ``worker_process_setup_hook``; read in ray 2.49.2), a driver joining a
           cluster it did not start (``ray.init(address=...)``, ``RAY_ADDRESS``, ``ray job submit``)
 Remove:   never (a feature)
 
-One wrapper on the driver's ``ray._private.worker.connect`` (``shim.ray.cluster.wrap_connect``), where Ray holds
-the job's final runtime_env (``ray.init``'s, ``JobConfig``'s and a submitted job's, merged) before it uploads it:
-the shim's setup hook (chaining the user's), the driver's ``SHIM_*`` switches (the user's ``env_vars`` win) and
-the shim package (``py_modules``, after the user's; with the driver's ``wrapt`` for a node that has none) are
-added; the user's objects are never changed. Not ``ray.init``: a runtime_env field added there conflicts with a
-submitted job's own (``_merge_runtime_env`` refuses the job), and ``ray/__init__`` binds ``init`` by name. Stands
-down where ``connect`` has no ``node`` / ``mode`` / ``job_config`` parameter or Ray has no setup hook.
+The driver's ``connect`` is wrapped, not ``ray.init``: a runtime_env field added there conflicts with a submitted
+job's own (``_merge_runtime_env`` refuses the job), and ``ray/__init__`` binds ``init`` by name. Stands down where
+``connect`` has no ``node`` / ``mode`` / ``job_config`` parameter or Ray has no setup hook.
 """
 from shim.engine.patch import FEATURE, Patch
 from shim.engine.probes import changed, params

@@ -5,14 +5,10 @@ Affects:  trl >=0.25.0,<0.28.0 GRPOTrainer and RLOOTrainer with vllm_mode="coloc
           vllm_enable_sleep_mode=True
 Remove:   when the shim's minimum supported trl is >=0.28.0
 
-``_generate_single_turn`` wakes the weights after a ``sleep(level=2)`` and
-pushes the trained weights only when ``global_step != _last_loaded_step``. A
-second generation in the same step (tool-call loop, evaluation then training,
-several generation batches per step) samples from discarded memory (0.25.x)
-or from the checkpoint on disk that ``collective_rpc("reload_weights")``
-brought back (0.26-0.27). Bound through ``shim.trl.colocate``: no reload from
-disk, and ``_move_model_to_vllm`` runs before any generate whose weights are
-not the trainer's.
+``_generate_single_turn`` wakes the weights after a ``sleep(level=2)`` and pushes the trained weights only when
+``global_step != _last_loaded_step``: a second generation in the same step (tool-call loop, evaluation then
+training, several generation batches per step) samples from discarded memory (0.25.x) or from the checkpoint
+on disk that ``collective_rpc("reload_weights")`` brought back (0.26-0.27).
 """
 from shim.engine.patch import Patch
 from shim.trl.colocate import binding

@@ -6,15 +6,10 @@ Affects:  trl >=0.28.0 (VLLMGeneration, 1.16.0 included) colocate with vllm_enab
           with SHIM_SLEEP_LEVEL set; ms-swift's --sleep_level is never touched
 Remove:   when TRL takes the sleep level as an argument
 
-``VLLMGeneration._init_vllm`` builds ``vllm.LLM`` and sleeps it at level 2; ``generate`` sleeps at
-level 2 after every rollout. With ``SHIM_SLEEP_LEVEL=1`` every sleep of that engine runs at level
-1 (weights kept in host memory and restored at the wake; ``=2`` is TRL's own level). The patch binds
-the module's name ``LLM`` to a subclass of vLLM's ``LLM`` whose ``sleep`` applies the level
-(``shim.trl.sleep_level``), so the first sleep after construction is covered and ``isinstance``
-checks hold; the shim's TRL binding records the level the engine really slept at (weights valid
-after a level-1 wake: no push needed to make them so). Safe at either level: TRL >= 1.10 pushes the
-trainer's weights after every sleep, 0.28-1.9.2 push through the shim (``trl-stale-weights``).
-Stands down with the switch unset.
+``VLLMGeneration`` sleeps its ``vllm.LLM`` at level 2 after construction and after every rollout, which loses
+what level 2 cannot restore (NPU MoE layouts). Level 1 keeps the weights in host memory and restores them at
+the wake; safe at either level: TRL >= 1.10 pushes the trainer's weights after every sleep, 0.28-1.9.2 push
+through the shim (``trl-stale-weights``). Stands down with the switch unset.
 """
 from shim.engine.patch import FEATURE, Patch
 
