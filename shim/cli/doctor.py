@@ -113,7 +113,7 @@ def doctor(argv: list) -> int:
         return 0
     if argv:
         return fail(f"doctor: unknown argument {argv[0]!r}")
-    bad = [f"{exc}; {exc.instead}" for exc in config.problems()]
+    bad = [exc.line() for exc in config.problems()]
     _, trace_error = check_trace_path(os.environ.get(config.SHIM_TRACE, ""), config.SHIM_TRACE)
     bad += [trace_error] if trace_error else []
     off_all = config.problem(config.SHIM_DISABLED) is None and config.disabled()
