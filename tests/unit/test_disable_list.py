@@ -1,0 +1,27 @@
+"""SHIM_DISABLED_PATCHES beyond ``test_versions_config.py``: ``*`` next to other ids still turns every patch off,
+and the launcher's "warned already" marker silences only the value it warned about (a child that sets its own
+list still hears about its own unknown id)."""
+import subprocess
+import sys
+
+from shim.engine import catalog, config
+from tests.support.helpers import REPO, clean_env
+
+
+def test_star_with_other_ids_turns_every_patch_off(monkeypatch):
+    known = catalog.ids()
+    monkeypatch.setenv(config.SHIM_DISABLED_PATCHES, "trl-stale-weights, *")
+    assert config.disabled_patches(known, catalog.removed(), catalog.bugs()) == (frozenset(known), [])
+
+
+def test_a_child_with_its_own_unknown_id_still_warns_under_the_launcher():
+    child = ("import os, subprocess, sys\n"
+             "env = dict(os.environ, SHIM_DISABLED_PATCHES='vllm-sleep-gard')\n"
+             "subprocess.run([sys.executable, '-c', 'pass'], env=env)")
+    env = clean_env(SHIM_DISABLED_PATCHES="trl-stale-weight", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "shim", sys.executable, "-c", child], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if config.SHIM_DISABLED_PATCHES in line]
+    assert len(lines) == 2, proc.stderr  # the launcher's (COMMAND silent), then the child's own
+    assert "'trl-stale-weight'" in lines[0] and "'vllm-sleep-gard'" in lines[1] and "vllm-sleep-guard" in lines[1], lines
