@@ -63,3 +63,16 @@ def test_expandable_segments_through_any_allocator_variable_makes_the_guard_bite
     for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF"):
         code, out = doctor(*path, **{var: "expandable_segments:True"})
         assert code == 1 and re.search(r"^  allocator-guard +AFFECTED \(vllm 0\.24\.0; ", out, re.M), (var, out)
+
+
+def test_a_feature_with_one_site_disabled_is_never_plain_on():
+    """Weight verification asked for with its engine half disabled (``status`` says "requested, not running"
+    for TRL's half): doctor said "on where it runs", as if nothing were off. It names the disabled site; with
+    every site disabled the feature is off."""
+    path = (trl_path("1.16.0"), stand_in.site())
+    _, on = doctor(*path, SHIM_VERIFY_WEIGHTS="1")
+    assert re.search(r"^  verify-weights +on where it runs: ", on, re.M), on
+    _, part = doctor(*path, SHIM_VERIFY_WEIGHTS="1", SHIM_DISABLED_PATCHES="verify-weights-vllm")
+    assert re.search(r"^  verify-weights +on where it runs; verify-weights-vllm disabled", part, re.M), part
+    _, off = doctor(*path, SHIM_VERIFY_WEIGHTS="1", SHIM_DISABLED_PATCHES="verify-weights")
+    assert re.search(r"^  verify-weights +off \(disabled\)", off, re.M), off
