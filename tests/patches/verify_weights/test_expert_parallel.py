@@ -10,8 +10,17 @@ from __future__ import annotations
 import torch
 
 from tests.patches.verify_weights import test_verify as base
-from tests.patches.verify_weights.test_tensor_map import EXPERTS, E, FakeLLM, Trainer, counts, delta, engine, \
-    moe_state, trainer_model
+from tests.patches.verify_weights.test_tensor_map import (
+    EXPERTS,
+    E,
+    FakeLLM,
+    Trainer,
+    counts,
+    delta,
+    engine,
+    moe_state,
+    trainer_model,
+)
 from tests.patches.verify_weights.test_verify import _param
 
 verify, warnings = base.verify, base.warnings  # test_verify's fixtures
