@@ -25,3 +25,12 @@ def test_a_child_with_its_own_unknown_id_still_warns_under_the_launcher():
     lines = [line for line in proc.stderr.splitlines() if config.SHIM_DISABLED_PATCHES in line]
     assert len(lines) == 2, proc.stderr  # the launcher's (COMMAND silent), then the child's own
     assert "'trl-stale-weight'" in lines[0] and "'vllm-sleep-gard'" in lines[1] and "vllm-sleep-guard" in lines[1], lines
+
+
+def test_many_unknown_ids_are_one_short_line():
+    """Five mistyped ids: the WARNING names three and counts the rest (a list of every typo is as unreadable as
+    the list of every id it replaced)."""
+    ids = [*catalog.bugs(), *catalog.ids()]
+    line = config.unknown_patches_warning(["trl-stale-weight", "vllm-sleep-gard", "nope1", "nope2", "nope3"], ids)
+    assert "and 2 more" in line and "'nope2'" not in line and len(line) < 250, line
+    assert "trl-stale-weights" in line and "vllm-sleep-guard" in line, line

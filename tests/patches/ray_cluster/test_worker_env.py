@@ -53,3 +53,20 @@ def test_workers_of_a_launched_driver_do_not_repeat_the_launchers_warning(monkey
     assert "trl-stale-weight'" not in proc.stderr, proc.stderr
     own = _worker("import shim.auto", {"SHIM_DISABLED_PATCHES": "trl-stale-weight"}, repo)  # the failing half
     assert "'trl-stale-weight'" in own.stderr and "WARNING" in own.stderr, own.stderr
+
+
+def test_every_switch_the_driver_set_reaches_the_jobs_workers(monkeypatch):
+    """Each ``SHIM_*`` switch (the trace file above all: an actor's sleeps and wakes belong in the driver's
+    trace) goes into the job's env_vars; one the driver did not set stays out, and the user's value wins."""
+    from shim.engine import config
+
+    values = {config.SHIM_TRACE: "/shared/trace.jsonl", config.SHIM_SLEEP_LEVEL: "2", config.SHIM_DEBUG: "1",
+              config.SHIM_STALE_ALARM: "0.1", config.SHIM_DEVICE_CHECK_EVERY: "5", config.SHIM_STRICT: "0",
+              config.SHIM_VERIFY_WEIGHTS: "sample", config.SHIM_SUMMARY_EVERY: "3",
+              config.SHIM_DISABLED_PATCHES: "trl-stale-weights"}
+    for name in config.ALL:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    env_vars = cluster.merged({"env_vars": {config.SHIM_DEBUG: "0"}}, "/staging/shim")["env_vars"]
+    assert env_vars == {**values, config.SHIM_DEBUG: "0"}, env_vars
