@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.gpu import common  # noqa: E402
 
-# (module, attribute): the steps of shim.vllm.sleep_check's sleep and wake that it calls through a module
+# (module, attribute): the steps of shim.vllm.sleep.sleep_check's sleep and wake that it calls through a module
 STEPS = [("memory", "probe"), ("memory", "release_cached"), ("memory", "read_before_sleep"),
          ("memory", "after_sleep"), ("sleep_pool", "tracked_bytes"), ("sleep_pool", "bytes_by_tag"),
          ("call_args", "arg"), ("wake_plan", "plan"), ("wake_plan", "asleep_tags"), ("engines", "executor_of"),

@@ -16,7 +16,7 @@ CUDA is available, and sets ``PYTORCH_CUDA_ALLOC_CONF`` to
 ``PYTORCH_ALLOC_CONF`` or ``PYTORCH_HIP_ALLOC_CONF``. The rollout mixins import
 it BY NAME, and 4.x's ``sleep_vllm_engine`` calls it through ``utils``: the
 shim rebinds the name in the rollout mixin (and, for 4.x, in ``utils``) to
-``shim.vllm.alloc_guard``: ``False`` suspends expandable segments on every route
+``shim.vllm.sleep.alloc_guard``: ``False`` suspends expandable segments on every route
 and the live setting, ``True`` puts back exactly what the user had. On CUDA with
 vLLM 0.33+ both leave every route alone (``alloc_guard.upstream_covers``: vLLM turns
 expandable segments off around its pool itself and keeps the user's other options),

@@ -14,7 +14,7 @@ vLLM's ``process_weights_after_loading`` runs after the initial load (and inside
 ``reload_weights``), never after ``model.load_weights``: after a push, MLA decode still
 multiplies by the initial checkpoint's ``W_UK_T`` / ``W_UV`` (after a level-2 sleep, by the
 undefined contents of the re-mapped pages), while prefill uses the new ``kv_b_proj``. Bound
-through ``shim.trl.push_reload``: each push method runs inside one ``shim.vllm.reload.session``
+through ``shim.trl.push_reload``: each push method runs inside one ``shim.vllm.weights.reload.session``
 -- vLLM's layerwise reload opened at the push's first tensor and finalized after its last (vLLM
 0.16+), else the touched attention layers re-processed -- with what it re-derives copied back
 into the storage it had (the sleep pool, the CUDA graphs' addresses). The probe reads the class

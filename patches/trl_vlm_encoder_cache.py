@@ -13,7 +13,7 @@ prefix cache (OnlineDPO's ``_move_model_to_vllm`` likewise). vLLM's encoder cach
 hash across requests, so the next rollout with the same image reads the
 embedding of the old vision tower. The patch wraps ``sync_weights``: after it,
 in colocate mode, the engine's encoder and multi-modal caches are reset
-(``shim.vllm.caches``; the shim's own push path, ``shim.trl.colocate``, does
+(``shim.vllm.weights.caches``; the shim's own push path, ``shim.trl.colocate``, does
 the same while this patch is on); two more records wrap OnlineDPO's push the same way.
 Each stands down where the wrapped push already resets the encoder cache.
 """
@@ -36,13 +36,13 @@ probe = _probe("VLLMGeneration", "sync_weights")
 
 
 def apply(module, patcher):
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     patcher.wrap(module.VLLMGeneration, "sync_weights", caches.after_sync_weights)
 
 
 def apply_online_dpo(module, patcher):
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     patcher.wrap(module.OnlineDPOTrainer, "_move_model_to_vllm", caches.after_trainer_push)
 

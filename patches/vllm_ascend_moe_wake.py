@@ -9,7 +9,7 @@ Remove:   when the shim's minimum vllm-ascend is >=0.26.0rc1
 it as a NEW Parameter, after ``CaMemAllocator.wake_up`` restored those bytes already in the processed
 layout (``npu_grouped_matmul``'s): the next forward fails with a shape mismatch, and attributes on the
 old Parameters (a ``weight_loader`` a trainer attached) are gone. The patch wraps ``wake_up``
-(``shim.vllm.moe_layout``): the Parameters slept with are put back after it, layout and attributes
+(``shim.vllm.weights.moe_layout``): the Parameters slept with are put back after it, layout and attributes
 unchanged (what PR #13012 and ms-swift 4.5+'s own repair do). The probe reads ``wake_up`` and stands
 down where the re-layout is gone.
 """
@@ -18,7 +18,7 @@ from shim.engine.patch import Patch
 
 def probe(module):
     from shim.engine import probes
-    from shim.vllm import moe_layout
+    from shim.vllm.weights import moe_layout
 
     cls = getattr(module, "NPUWorker", None)
     if cls is None:
@@ -27,7 +27,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim.vllm import moe_layout
+    from shim.vllm.weights import moe_layout
 
     patcher.wrap(module.NPUWorker, "wake_up", moe_layout.keep_layout)
 

@@ -21,7 +21,7 @@ Remove:   buffers: when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gate
 Buffers: the saved buffers are copied into the still-unmapped weight memory:
 CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
 copies are dropped; no weight push restores them (they are in no checkpoint). The patch wraps the worker's ``wake_up``: a wake without ``weights``
-leaves the saved buffers for the weights wake (``shim.vllm.buffers``). The probe
+leaves the saved buffers for the weights wake (``shim.vllm.weights.buffers``). The probe
 reads ``wake_up`` and stands down where the restore already waits for the
 weights tag.
 
@@ -32,7 +32,7 @@ restore writes it back. The patch wraps the worker's ``sleep`` (host copies of t
 before a level-2 sleep, counted in the shim's sleep line) and ``wake_up`` (written back once the
 weights are mapped); it skips views of parameters and buffers and, where the pushes go through
 vLLM's reload (``trl-push-reprocess``), the attention layers' attributes the push re-derives
-(``shim.vllm.buffers``). From vLLM 0.34 the record stands down as fixed upstream (range; the probe
+(``shim.vllm.weights.buffers``). From vLLM 0.34 the record stands down as fixed upstream (range; the probe
 also stands down on a pre-release whose ``Worker`` has ``_discardable_parameters``); the probe reads
 ``sleep`` and stands down where it saves module attributes itself.
 
@@ -51,7 +51,7 @@ from shim.engine.probes import changed
 
 def _binding(class_name):
     def probe(module):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         cls = getattr(module, class_name, None)
         if cls is None:
@@ -59,7 +59,7 @@ def _binding(class_name):
         return buffers.probe_restore(cls)
 
     def apply(module, patcher):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         patcher.wrap(getattr(module, class_name), "wake_up", buffers.keep_buffers)
 
@@ -72,7 +72,7 @@ _probe_npu, _apply_npu = _binding("NPUWorker")
 
 def _plain_binding(class_name, save="save_plain"):
     def probe(module):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         cls = getattr(module, class_name, None)
         if cls is None or not callable(getattr(cls, "wake_up", None)):
@@ -80,7 +80,7 @@ def _plain_binding(class_name, save="save_plain"):
         return buffers.probe_plain(cls)
 
     def apply(module, patcher):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         cls = getattr(module, class_name)
         patcher.wrap(cls, "sleep", getattr(buffers, save))

@@ -9,7 +9,7 @@ Affects:  vllm >=0.33.0 (the knob), an engine with ``enable_sleep_mode`` and a s
           (the target verifies every draft token); no draft token is accepted: slower rollouts
 Remove:   when vLLM keeps or restores the drafter at a level-2 sleep itself (vllm#52479)
 
-The patch wraps ``EngineArgs.__init__`` and ``AsyncEngineArgs.__init__`` (``shim.vllm.drafter``): every
+The patch wraps ``EngineArgs.__init__`` and ``AsyncEngineArgs.__init__`` (``shim.vllm.weights.drafter``): every
 ``LLM(...)`` builds an ``EngineArgs``, every ``AsyncLLM.from_engine_args`` gets one the caller built. A call
 that does not name ``sleep_preserve_parameter_names``, with sleep mode and a speculative config, gets
 ``["draft.*"]`` (one INFO line); a value the caller gave, ``[]`` included, stays. vLLM accepts ``draft.*``
@@ -43,7 +43,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim.vllm import drafter
+    from shim.vllm.weights import drafter
 
     wrapper = drafter.keep_drafter(ID)
     patcher.wrap(module.EngineArgs, "__init__", wrapper)

@@ -11,7 +11,7 @@ wraps ``LLMEngine.reset_prefix_cache`` (``vllm.LLM`` delegates to it; ms-swift
 calls it directly): a False result is retried once the KV cache is idle (at once
 when no request is unfinished, else with the running requests preempted), and a
 second False is one WARNING per engine (``SHIM_STRICT=1`` raises)
-(``shim.vllm.caches``).
+(``shim.vllm.weights.caches``).
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -25,7 +25,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     patcher.wrap(module.LLMEngine, "reset_prefix_cache", caches.check_prefix_reset)
 

@@ -17,15 +17,15 @@ Three records on the engines trainers build; the behaviour lives in ``shim/``:
 
 - ``vllm-sleep-guard`` (``vllm.v1.engine.llm_engine.LLMEngine.__init__`` and
   ``wake_up``; ``vllm.LLM`` builds and wakes through it, ms-swift calls it
-  directly): the allocator guard (``shim.vllm.engine_guard``, ``shim.vllm.alloc_guard``):
+  directly): the allocator guard (``shim.vllm.sleep.engine_guard``, ``shim.vllm.sleep.alloc_guard``):
   while a sleep-mode engine allocates into its pool, expandable segments are off
   whichever of the four env vars or the live setting turned them on; the user's
   exact setting is back afterwards.
 - ``vllm-sleep-check`` (``LLMEngine.__init__``, ``sleep``, ``wake_up``) and
   ``vllm-llm-sleep-check`` (``vllm.entrypoints.llm.LLM``, same methods): the
-  sleep check (``shim.vllm.sleep_check``): every sleep verified (``shim.vllm.sleep_verdict``:
+  sleep check (``shim.vllm.sleep.sleep_check``): every sleep verified (``shim.vllm.sleep.sleep_verdict``:
   device readings where needed, the pool's bookkeeping otherwise), the first-sleep
-  reset after warm-up (``shim.vllm.first_sleep_reset``), per-tag wake, one telemetry
+  reset after warm-up (``shim.vllm.sleep.first_sleep_reset``), per-tag wake, one telemetry
   event per construction/sleep/wake (``shim.observe.events``). Only the outermost of
   the two acts on a sleep or wake (``LLM.sleep`` delegates to ``LLMEngine.sleep``),
   state keyed by the engine.
@@ -33,7 +33,7 @@ Three records on the engines trainers build; the behaviour lives in ``shim/``:
 Two more on ``vllm.v1.worker.gpu_worker.Worker``, for the engine core in its own process
 (``AsyncLLM``: verl, OpenRLHF, ``vllm serve``; ``vllm.LLM`` with vLLM's default
 ``VLLM_ENABLE_V1_MULTIPROCESSING=1``), where the worker holds the memory and the engine-level
-wrappers above see no executor (``shim.vllm.worker_check``):
+wrappers above see no executor (``shim.vllm.sleep.worker_check``):
 
 - ``vllm-worker-sleep-guard`` (``load_model``, ``initialize_from_config``, ``wake_up``): the
   allocator guard around the worker's pool allocations and its wake;
@@ -46,11 +46,11 @@ The same two on vllm-ascend's ``vllm_ascend.worker.worker.NPUWorker`` (``vllm-as
 ``worker.py:89``), and defines ``__init__``, ``sleep``, ``wake_up``, ``load_model`` and
 ``initialize_from_config`` itself, so the records on ``Worker`` never reach it.
 
-One on ``vllm.v1.engine.core.EngineCore`` (``shim.vllm.core_wake``), in whatever process holds the
+One on ``vllm.v1.engine.core.EngineCore`` (``shim.vllm.sleep.core_wake``), in whatever process holds the
 executor:
 
 - ``vllm-core-wake-plan`` (``wake_up``): the per-tag wake rule of the engine-level check
-  (``shim.vllm.wake_plan``: only the requested tags that are asleep are passed; vLLM's executor
+  (``shim.vllm.sleep.wake_plan``: only the requested tags that are asleep are passed; vLLM's executor
   drops a wake naming an awake tag, and 0.24's core then never resumes its scheduler) for the
   engine core in its own process, where no engine-level wrapper sees the wake; passes through
   where an in-process engine's check planned it.
@@ -65,7 +65,7 @@ from shim.engine.probes import missing
 def _no_device():
     import importlib
 
-    from shim.vllm import memory
+    from shim.vllm.sleep import memory
 
     try:
         importlib.import_module("vllm.platforms")
@@ -79,8 +79,8 @@ def _no_device():
 def _guard_needed():
     """Stand down where vLLM keeps expandable segments off around its pool on every route itself and the
     guard's live write would only drop the user's other allocator options (CUDA, vLLM 0.31+:
-    ``shim.vllm.alloc_guard.upstream_covers``); the NPU guard stays (vllm-ascend only asserts)."""
-    from shim.vllm import alloc_guard, memory
+    ``shim.vllm.sleep.alloc_guard.upstream_covers``); the NPU guard stays (vllm-ascend only asserts)."""
+    from shim.vllm.sleep import alloc_guard, memory
 
     return alloc_guard.upstream_covers(memory.probe())
 
@@ -114,7 +114,7 @@ def _probe_engine_guard(module):
 
 def _worker_guard(class_name):
     def apply(module, patcher):
-        from shim.vllm import alloc_guard, engine_guard, memory, worker_check
+        from shim.vllm.sleep import alloc_guard, engine_guard, memory, worker_check
 
         worker = getattr(module, class_name)
         alloc_guard.track_live_setting(memory.probe(), patcher)
@@ -127,7 +127,7 @@ def _worker_guard(class_name):
 
 def _worker_check(class_name):
     def apply(module, patcher):
-        from shim.vllm import worker_check
+        from shim.vllm.sleep import worker_check
 
         worker = getattr(module, class_name)
         patcher.wrap(worker, "__init__", worker_check.check_init)
@@ -144,13 +144,13 @@ def _probe_core(module):
 
 
 def _apply_core_wake(module, patcher):
-    from shim.vllm import core_wake
+    from shim.vllm.sleep import core_wake
 
     patcher.wrap(module.EngineCore, "wake_up", core_wake.plan_wake)
 
 
 def _apply_guard(module, patcher):
-    from shim.vllm import alloc_guard, engine_guard, memory
+    from shim.vllm.sleep import alloc_guard, engine_guard, memory
 
     alloc_guard.track_live_setting(memory.probe(), patcher)
     patcher.wrap(module.LLMEngine, "__init__", engine_guard.guard_init)
@@ -159,7 +159,7 @@ def _apply_guard(module, patcher):
 
 def _apply_check(owner_name, init_name):
     def apply(module, patcher):
-        from shim.vllm import sleep_check
+        from shim.vllm.sleep import sleep_check
 
         owner = getattr(module, owner_name)
         patcher.wrap(owner, "__init__", getattr(sleep_check, init_name))

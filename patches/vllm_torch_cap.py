@@ -9,7 +9,7 @@ Affects:  vllm >=0.34.0 on CUDA with the extensible KV cache (the default unless
 Remove:   when vLLM lifts the cap while the worker sleeps
 
 The worker's ``sleep`` / ``discard`` lift the cap once vLLM's call returned; ``wake_up`` puts vLLM's
-value back once nothing is asleep (``shim.vllm.extensible_kv``).
+value back once nothing is asleep (``shim.vllm.sleep.extensible_kv``).
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -30,7 +30,7 @@ def _probe(module):
 
 
 def _apply(module, patcher):
-    from shim.vllm import extensible_kv
+    from shim.vllm.sleep import extensible_kv
 
     patcher.wrap(module.Worker, "sleep", extensible_kv.on_sleep)
     patcher.wrap(module.Worker, "discard", extensible_kv.on_discard)

@@ -57,7 +57,7 @@ def site_rows(import_modules: bool = False) -> list:
             try:
                 importlib.import_module(patch.module)
             except Exception as exc:  # the row says why the hook never ran
-                registry._decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
+                registry.decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
     rows = registry.status_rows(patches)
     bug_of = {row[0]: row[3] for row in catalog.index()}
     references = {bug.id: bug.reference for bug in catalog.bug_records().values()}

@@ -87,6 +87,11 @@ class Entry:
         entry._patch = patch
         return entry
 
+    @property
+    def loaded(self) -> "Patch | None":
+        """The record once :meth:`load` read it (or :meth:`of` gave it), else None."""
+        return self._patch
+
     def load(self) -> Patch:
         if self._patch is None:
             patch = self._load()

@@ -3,8 +3,8 @@
 Every event is one log line through ``shim.engine.log`` with the bytes the sleep
 allocator tracked and the bytes the sleep gave back: read on the device
 (``mem_get_info`` right before and after the call, cached blocks given back
-first) or, where ``shim.vllm.sleep_verdict``'s rule allows, taken from the sleep
-pool's bookkeeping (``measured``; see ``shim.vllm.sleep_check``). Log volume over a
+first) or, where ``shim.vllm.sleep.sleep_verdict``'s rule allows, taken from the sleep
+pool's bookkeeping (``measured``; see ``shim.vllm.sleep.sleep_check``). Log volume over a
 long run: INFO for each engine's construction, its first sleep and first wake,
 every ineffective sleep and the first of each kind of correction the shim made
 (the record's note); the other sleep/wake lines are DEBUG (``SHIM_DEBUG=1``
@@ -169,7 +169,7 @@ def _important(rec: dict) -> tuple:
     new_note = bool(note) and kind not in seen["notes"]
     if note:
         seen["notes"].add(kind)
-    # the first sleep checked from the pool's bookkeeping rather than the device (shim.vllm.sleep_check)
+    # the first sleep checked from the pool's bookkeeping rather than the device (shim.vllm.sleep.sleep_check)
     way = ("measured", rec.get("measured")) if ev == "sleep" and rec.get("measured") else None
     new_way = way is not None and way not in seen["notes"] and not first
     if way is not None:

@@ -5,7 +5,7 @@ ms-swift's ``is_sleeping`` checks) and refill woken weights with
 ``collective_rpc("reload_weights")``, which reads the checkpoint on disk -- the
 *initial* weights. :class:`SyncedLLM` sits where the trainer keeps its
 ``llm`` and enforces one invariant instead, from the shared sleep state
-(``shim.vllm.sleep_state``):
+(``shim.vllm.sleep.sleep_state``):
 
 - ``generate``/``chat``: if the engine's weights are not the trainer's (asleep,
   discarded by a level-2 sleep, or reloaded from disk), push the trainer's
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from shim.engine import log
 from shim.trl import sleep_level
-from shim.vllm import sleep_state, wake_plan
+from shim.vllm.sleep import sleep_state, wake_plan
 
 REPLACE = "replace"
 FALLBACK = "fallback"
@@ -81,7 +81,7 @@ def synced_class():
 
         def wake_up(self, tags=None, *args, **kwargs):
             llm = self.__wrapped__
-            # Where the sleep check (shim.vllm.sleep_check) named this engine, it releases the cache itself.
+            # Where the sleep check (shim.vllm.sleep.sleep_check) named this engine, it releases the cache itself.
             release = not sleep_state.state_for(llm).engine
             result, _, _ = wake_plan.wake(llm, tags, lambda t: llm.wake_up(t, *args, **kwargs), release=release)
             return result
@@ -140,8 +140,8 @@ def is_attached(llm) -> bool:
 
 def after_push(llm) -> None:
     """Call after the trainer's push function returned: the weights are the trainer's, and what
-    the old weights computed (encoder / multi-modal caches, ``shim.vllm.caches``) is dropped."""
-    from shim.vllm import caches
+    the old weights computed (encoder / multi-modal caches, ``shim.vllm.weights.caches``) is dropped."""
+    from shim.vllm.weights import caches
 
     sleep_state.note_weights_pushed(getattr(llm, "__wrapped__", llm))
     caches.after_push(llm)

@@ -19,7 +19,7 @@ to the workers, past ``EngineCore.sleep``). verl 0.9.0's ``clear_kv_cache`` (PR 
     await self.engine.reset_encoder_cache()
 
 :func:`clear_kv_cache_wrapper` adds those two resets after verl's own ``clear_kv_cache``, on the server that
-holds the engine (``node_rank == 0``, verl's own condition), through ``shim.vllm.caches``. Like 0.9.0 it runs
+holds the engine (``node_rank == 0``, verl's own condition), through ``shim.vllm.weights.caches``. Like 0.9.0 it runs
 on every call, so the sleep-on flow of 0.8.0 with vLLM >= 0.17 resets twice (at the sleep and after the push):
 the second reset finds the cache empty and costs two engine-core calls (verl 0.9.0 does the same:
 ``_sleep_hybrid`` and ``clear_kv_cache`` both reset). ``clear_kv_cache`` also serves verl's request aborts
@@ -43,7 +43,7 @@ def _note(patch_id: str, done: list) -> None:
 
 def clear_kv_cache_wrapper(patch_id: str):
     """The wrapt wrapper of verl's coroutine method ``vLLMHttpServer.clear_kv_cache``."""
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     def wrapper(wrapped, instance, args, kwargs):
         async def run():

@@ -8,7 +8,7 @@
 :func:`in_process_core` (the ``EngineCore`` an in-process client holds),
 :func:`executor_tags` / :func:`reported_asleep` (what vLLM reports asleep, or None where the
 executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine). The
-device an engine runs on is ``shim.vllm.memory.device_type``. Nothing here imports vLLM.
+device an engine runs on is ``shim.vllm.sleep.memory.device_type``. Nothing here imports vLLM.
 """
 from __future__ import annotations
 
@@ -89,3 +89,19 @@ def sleep_mode(engine) -> "bool | None":
         if value is not None:
             return bool(value)
     return None
+
+
+SAVED_PLAIN = "_shim_sleep_saved_plain"
+"""Worker attribute (set by ``shim.vllm.weights.buffers``): ``{storage pointer: (device storage, host copy)}``
+between a level-2 sleep and the weights wake."""
+
+
+def kept_on_host(engine) -> tuple:
+    """``(storages, bytes)`` of the plain tensors ``engine``'s worker (or the worker itself) keeps on the host
+    for its weights wake; ``(0, 0)`` where it keeps none or cannot be read (a worker proxy may raise)."""
+    try:
+        worker = getattr(executor_of(engine), "driver_worker", None) or engine
+        saved = getattr(worker, SAVED_PLAIN, None) or {}
+        return len(saved), sum(host.nbytes() for _, host in saved.values())
+    except Exception:
+        return 0, 0

@@ -13,11 +13,12 @@ optimizer step, or no gain from sleeping.
 Here the cap is lifted once the worker has something asleep (``sleep`` or ``discard``) and put back
 with vLLM's own value and method when it is fully awake again; a cap vLLM set in between (its reload
 restores its own) is left as vLLM set it. The sleep check's verdict on any cap that hides the freed
-memory is ``shim.vllm.sleep_verdict.capped``.
+memory is ``shim.vllm.sleep.sleep_verdict.capped``.
 """
 from __future__ import annotations
 
-from shim.vllm import engines, sleep_state
+from shim.vllm import engines
+from shim.vllm.sleep import sleep_state
 
 
 def _cache(worker):
@@ -79,7 +80,7 @@ def on_wake(wrapped, instance, args, kwargs):
 def _asleep(worker) -> bool:
     """Anything still asleep after this wake, in vLLM's own records: the KV cache without its pages, or a
     pool allocation marked ``is_asleep`` (``AllocationData``, vLLM >= 0.28)."""
-    from shim.vllm import sleep_pool
+    from shim.vllm.sleep import sleep_pool
 
     kv_cache = _cache(worker)
     if kv_cache is not None and not getattr(kv_cache, "physical_bytes", 1):

@@ -1,5 +1,5 @@
 """What a vLLM engine says about its sleep, and per-tag wake; shared by the sleep check
-(``shim.vllm.sleep_check``) and the TRL proxy (``shim.trl.synced_llm``).
+(``shim.vllm.sleep.sleep_check``) and the TRL proxy (``shim.trl.synced_llm``).
 
 vLLM's executor (``vllm/v1/executor/abstract.py``) ignores the WHOLE
 ``wake_up(tags)`` call, with a warning, when any requested tag is not asleep:
@@ -22,7 +22,8 @@ worker record. Its ``sleep`` is refused only while ``weights`` is asleep
 """
 from __future__ import annotations
 
-from shim.vllm import engines, memory, sleep_state
+from shim.vllm import engines
+from shim.vllm.sleep import memory, sleep_state
 
 TAGS = engines.TAGS
 

@@ -1,7 +1,7 @@
 """First-sleep reset: a first sleep that freed nothing, re-checked after the warm-up.
 
 When the first sleep after construction was ineffective (``SleepState.measure.reset`` =
-``"pending"``, set by ``shim.vllm.sleep_check``), the sleep after the warm-up (the
+``"pending"``, set by ``shim.vllm.sleep.sleep_check``), the sleep after the warm-up (the
 first wake + generate cycle; the trainer issues it) is re-checked on the device.
 Effective: logged as recovered. Ineffective again: the shim re-issues it once
 there (:func:`reissue`: wake every tag with the allocator guard on, gc +
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from shim.engine import config, log
 from shim.observe import events
-from shim.vllm import memory, sleep_state, sleep_verdict
+from shim.vllm.sleep import memory, sleep_state, sleep_verdict
 
 
 def reissue(engine, state, name, level, probe, sleep_again) -> tuple:

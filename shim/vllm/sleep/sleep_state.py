@@ -14,16 +14,16 @@ module records, per engine:
   last invalidation (False after a reload from disk, which brings back the
   initial checkpoint, not the trained weights);
 - ``measure.tracked_bytes`` / ``measure.freed_bytes``: what the sleep pool tracked before the
-  last sleep and what that sleep freed (filled in by ``shim.vllm.sleep_check``;
+  last sleep and what that sleep freed (filled in by ``shim.vllm.sleep.sleep_check``;
   ``freed_bytes`` is None until a sleep was measured; ``measured`` says how:
   ``"device"`` (``mem_get_info`` before and after) or ``"pool"`` (the pool's
-  own bookkeeping: see ``shim.vllm.sleep_verdict``).
+  own bookkeeping: see ``shim.vllm.sleep.sleep_verdict``).
 
 The fields are grouped by job: the lifecycle above on the state itself (with ``engine``,
 a short id such as ``LLMEngine#1``, and ``call``), ``measure`` (:class:`Measurement`: the
 byte figures above and what follows) and ``schedule`` (:class:`ReadSchedule`).
 
-Filled in by the sleep check (``shim.vllm.sleep_check``) in ``measure``, for telemetry and the
+Filled in by the sleep check (``shim.vllm.sleep.sleep_check``) in ``measure``, for telemetry and the
 first-sleep reset: ``built`` (its
 construction was recorded), ``sleep_mode`` (built with ``enable_sleep_mode``;
 None if built before the shim was active), ``engine_bytes`` (device memory the
@@ -33,14 +33,14 @@ on at construction), ``ineffective`` (count of ineffective sleeps), ``reset``
 ``"failed"``), ``wakes`` (count); in ``schedule``, when the device is read next
 (``levels_read``, ``since_reading``, ``reading_tracked``, ``read_next``).
 
-Filled in by the allocator guard's wrappers (``shim.vllm.engine_guard``), in ``measure``:
+Filled in by the allocator guard's wrappers (``shim.vllm.sleep.engine_guard``), in ``measure``:
 ``guarded_init`` (the construction ran inside the allocator guard) and
 ``guard_saw`` (the routes it turned off there).
 
 ``call``: the :class:`Call` of the outermost shim wrapper running on this engine
 (None between calls). ``owner`` (a vLLM worker's state only): the state of the in-process
 engine whose executor holds this worker (set by that engine's sleep check); while the owner's
-``call`` runs in this thread, the worker's own check passes through (``shim.vllm.worker_check``). Every piece of state the wrappers of two patches share
+``call`` runs in this thread, the worker's own check passes through (``shim.vllm.sleep.worker_check``). Every piece of state the wrappers of two patches share
 lives here, on the engine's state, never in a module global or a thread-local.
 :func:`resync` re-reads ``asleep`` from vLLM's executor after an upstream call raised.
 
@@ -53,6 +53,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -82,7 +83,7 @@ class Measurement:
 
 @dataclass
 class ReadSchedule:
-    """When the sleep check reads the device next (``SleepState.schedule``; ``shim.vllm.sleep_verdict``)."""
+    """When the sleep check reads the device next (``SleepState.schedule``; ``shim.vllm.sleep.sleep_verdict``)."""
 
     levels_read: set = field(default_factory=set)
     since_reading: int = 0
@@ -114,6 +115,20 @@ class SleepState:
     def needs_push(self) -> bool:
         """True when generating now would not use the trainer's weights."""
         return self.weights_asleep or not self.weights_valid or not self.weights_pushed
+
+    def acting(self) -> bool:
+        """An outer shim wrapper's call on this engine is running in this thread: inner wrappers pass through."""
+        call = self.call
+        return call is not None and call.mine()
+
+    @contextmanager
+    def calling(self):
+        """A :class:`Call` of this thread on the state for the duration (the previous one back after)."""
+        previous, self.call = self.call, Call()
+        try:
+            yield self.call
+        finally:
+            self.call = previous
 
 
 class Call:

@@ -9,7 +9,7 @@ Where the freed bytes come from (:func:`reading_due`). Reading the device costs
 two device-wide ``mem_get_info`` readings with a synchronize and an
 ``empty_cache`` per sleep (and two per wake): ~0.2 ms on an H200, 1.6% of a
 ~15 ms level-2 sleep/wake of a 10 GiB pool. Most sleeps are judged from the
-pool's own bookkeeping instead (``shim.vllm.sleep_pool``): vLLM's allocator releases
+pool's own bookkeeping instead (``shim.vllm.sleep.sleep_pool``): vLLM's allocator releases
 every handle it tracks (``unmap_and_release``: ``cuMemUnmap`` + ``cuMemRelease``,
 which gives the physical pages back or raises), and the executor marks the
 engine asleep only after its sleep returned. So when the pool tracks what the

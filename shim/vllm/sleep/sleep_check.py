@@ -12,15 +12,15 @@ engine inside, so the engine's own check (``check_init``) records it and the
 engine's ``SleepState.built``).
 
 Sleep verification (every sleep at level >= 1 of an in-process engine): the
-bytes the sleep pool tracks (``shim.vllm.sleep_pool``) against the bytes the sleep
+bytes the sleep pool tracks (``shim.vllm.sleep.sleep_pool``) against the bytes the sleep
 gave back, read on the device (``mem_get_info`` before and after,
-``shim.vllm.memory``) or taken from the pool's bookkeeping: which one, and why that
-is safe, is ``shim.vllm.sleep_verdict``'s rule (first sleep per level, after an
+``shim.vllm.sleep.memory``) or taken from the pool's bookkeeping: which one, and why that
+is safe, is ``shim.vllm.sleep.sleep_verdict``'s rule (first sleep per level, after an
 ineffective one, when the bookkeeping looks wrong, and every
 ``SHIM_DEVICE_CHECK_EVERY``-th sleep read the device; each record's
 ``measured`` says which). Ineffective (``sleep_verdict.judge``): one WARNING
 with the numbers, the likely cause and the fix; the first-sleep reset follows
-(``shim.vllm.first_sleep_reset``).
+(``shim.vllm.sleep.first_sleep_reset``).
 
 Each sleep/wake record carries ``shim_s``, the seconds the shim spent around
 vLLM's call from the outermost wrapper's entry, the allocator guard's suspend
@@ -41,14 +41,12 @@ user's setting back, so the next sleep and wake work as usual.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 from shim.engine import call_args, config, log
 from shim.observe import events
-from shim.vllm import (
+from shim.vllm import engines
+from shim.vllm.sleep import (
     alloc_guard,
-    buffers,
-    engines,
     extensible_kv,
     first_sleep_reset,
     memory,
@@ -69,21 +67,6 @@ class Measured:
         self.tracked, self.freed, self.free, self.total, self.how = tracked, freed, free, total, how
 
 
-def _inner(state) -> bool:
-    """An outer shim wrapper's call on this engine is running in this thread."""
-    call = state.call
-    return call is not None and call.mine()
-
-
-@contextmanager
-def _calling(state):
-    previous, state.call = state.call, sleep_state.Call()
-    try:
-        yield state.call
-    finally:
-        state.call = previous
-
-
 def _vllm_releases_before_wake() -> bool:
     """vLLM >= 0.30 runs gc + empty_cache before waking itself: no second collection."""
     from shim.engine.versions import installed_in
@@ -97,9 +80,18 @@ def _executor_asleep(engine) -> "bool | None":
     return None if tags is None else tags >= set(engines.TAGS)
 
 
-def _adopt_workers(engine, state) -> None:
+def _kept_note(engine) -> str:
+    """For the sleep line: the plain tensor storages the engine's worker keeps on the host for its weights wake."""
+    count, nbytes = engines.kept_on_host(engine)
+    if not count:
+        return ""
+    return (f"plain tensors kept: {count} storage(s), {nbytes} bytes ({events.gib(nbytes)} GiB) copied to "
+            f"the host, restored at the weights wake")
+
+
+def adopt_workers(engine, state) -> None:
     """The engine's in-process workers and engine core get ``state`` as their ``owner``: their own
-    wrappers (``shim.vllm.worker_check``, ``shim.vllm.core_wake``) pass through while this engine's
+    wrappers (``shim.vllm.sleep.worker_check``, ``shim.vllm.sleep.core_wake``) pass through while this engine's
     check acts on a call, so one sleep is one record and one wake is planned once. Never raises."""
     try:
         core = engines.in_process_core(engine)
@@ -134,7 +126,7 @@ def _init(wrapped, instance, args, kwargs, full_gc):
     seconds = time.perf_counter() - t0
     engine = engines.engine_of(instance)
     state = sleep_state.state_for(engine)
-    _adopt_workers(engine, state)
+    adopt_workers(engine, state)
     if state.measure.built:  # the engine's own check recorded it (LLM.__init__ builds an LLMEngine inside)
         return result
     state.measure.built = True
@@ -169,7 +161,7 @@ def _holds_memory(engine, state, given) -> bool:
         return given
     holds = engines.executor_of(engine) is not None
     if holds:
-        _adopt_workers(engine, state)
+        adopt_workers(engine, state)
     return holds
 
 
@@ -179,18 +171,18 @@ def check_sleep(wrapped, instance, args, kwargs):
 
 def sleep_on(engine, wrapped, args, kwargs, holds_memory=None):
     """The sleep check of one sleep of ``engine``. ``holds_memory``: the device memory is in this
-    process (default: the engine has an in-process executor; ``shim.vllm.worker_check`` passes True
+    process (default: the engine has an in-process executor; ``shim.vllm.sleep.worker_check`` passes True
     for vLLM's worker, which holds it wherever it runs)."""
     entered = time.perf_counter()
     state = sleep_state.state_for(engine)
-    if _inner(state):
+    if state.acting():
         return wrapped(*args, **kwargs)
     holds_memory = _holds_memory(engine, state, holds_memory)
     level = call_args.arg(wrapped, args, kwargs, "level", 1)
     level = level if isinstance(level, int) else None
     probe = memory.probe()
     if probe is None or not holds_memory or level is None or level < 1:
-        with _calling(state):  # an in-process worker's check passes through here too
+        with state.calling():  # an in-process worker's check passes through here too
             try:
                 result = wrapped(*args, **kwargs)
             except BaseException:
@@ -198,7 +190,7 @@ def sleep_on(engine, wrapped, args, kwargs, holds_memory=None):
                 raise
         sleep_state.note_sleep(engine, 1 if level is None else level)
         return result
-    with _calling(state):
+    with state.calling():
         return _sleep(engine, state, wrapped, args, kwargs, level, probe, entered)
 
 
@@ -230,7 +222,7 @@ def _sleep(engine, state, wrapped, args, kwargs, level, probe, entered):
         tracked = sleep_pool.tracked_bytes(probe, exact=True, tags=mapped) + outside
     result, t0, t1, m = _measured_sleep(engine, state, wrapped, args, kwargs, level, probe, tracked, read)
     if level >= 2:
-        note = "; ".join(x for x in (note, buffers.kept_note(engine)) if x)
+        note = "; ".join(x for x in (note, _kept_note(engine)) if x)
     first = state.measure.sleeps == 0
     state.measure.sleeps += 1
     if m.freed is None:  # the executor did not report every tag asleep: nothing to judge from the pool
@@ -330,13 +322,13 @@ def wake_on(engine, wrapped, args, kwargs, holds_memory=None, as_asked=False):
     ``as_asked``: vLLM's tags passed unchanged, ``wake_plan.plan``)."""
     entered = time.perf_counter()
     state = sleep_state.state_for(engine)
-    if _inner(state):
+    if state.acting():
         return wrapped(*args, **kwargs)
     holds_memory = _holds_memory(engine, state, holds_memory)
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     probe = memory.probe()
     if not holds_memory:
-        with _calling(state):
+        with state.calling():
             try:
                 result = wrapped(*args, **kwargs)
             except BaseException:
@@ -344,7 +336,7 @@ def wake_on(engine, wrapped, args, kwargs, holds_memory=None, as_asked=False):
                 raise
         sleep_state.note_wake(engine, tags)
         return result
-    with _calling(state) as call:
+    with state.calling() as call:
         name = sleep_state.engine_name(engine)
         do_call, pass_tags, woken = wake_plan.plan(engine, tags, as_asked)
         if not do_call:
