@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from shim.engine import log
 from shim.trl import sleep_level
-from shim.vllm.sleep import sleep_state, wake_plan
+from shim.vllm.sleep import sleep_state
 
 REPLACE = "replace"
 FALLBACK = "fallback"
@@ -43,7 +43,7 @@ def _proxy_base():
 def sync_from_engine(llm) -> sleep_state.SleepState:
     """Reconcile the record with the executor (a sleep issued before the proxy existed)."""
     state = sleep_state.state_for(llm)
-    tags = wake_plan.asleep_tags(llm)
+    tags = state.asleep_now()
     if "weights" in tags and not state.weights_asleep:
         # Asleep at an unknown level: treat the contents as discarded (push is always safe).
         state.weights_valid = False
@@ -82,8 +82,8 @@ def synced_class():
         def wake_up(self, tags=None, *args, **kwargs):
             llm = self.__wrapped__
             # Where the sleep check (shim.vllm.sleep.sleep_check) named this engine, it releases the cache itself.
-            release = not sleep_state.state_for(llm).engine
-            result, _, _ = wake_plan.wake(llm, tags, lambda t: llm.wake_up(t, *args, **kwargs), release=release)
+            state = sleep_state.state_for(llm)
+            result, _, _ = state.wake_tags(tags, lambda t: llm.wake_up(t, *args, **kwargs), release=not state.engine)
             return result
 
         def sleep(self, level: int = 1, *args, **kwargs):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from shim.vllm import engines
-from shim.vllm.sleep import core_wake, sleep_check, sleep_state
+from shim.vllm.sleep import core_wake, sleep_state
 
 
 class _Core:
@@ -41,7 +41,7 @@ def test_in_process_core_adopted_by_the_engine_passes_through():
     engine = SimpleNamespace(engine_core=SimpleNamespace(engine_core=core), model_executor=core.model_executor)
     assert engines.in_process_core(engine) is core
     state = sleep_state.state_for(engine)
-    sleep_check.adopt_workers(engine, state)
+    state.adopt_workers()
     assert sleep_state.state_for(core).owner is state
     with state.calling():  # the engine's check acts on this wake: it planned the tags
         _wake(core, ["weights", "kv_cache"])

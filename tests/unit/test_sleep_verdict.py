@@ -126,7 +126,7 @@ def test_verdict_threshold_pinned_at_half(share, effective):
     """The threshold is half of what the pool tracks, to the percent: 49% is ineffective, 51% is not."""
     from shim.vllm.sleep import sleep_state, sleep_verdict
 
-    state = sleep_state.SleepState(measure=sleep_state.Measurement(sleep_mode=True, engine_bytes=40 * GiB))
+    state = sleep_state.SleepState(measure=sleep_verdict.Measurement(sleep_mode=True, engine_bytes=40 * GiB))
     tracked = 40 * GiB
     verdict, cause, _ = sleep_verdict.judge(state, tracked, int(tracked * share))
     assert verdict is effective

@@ -34,10 +34,10 @@ def plan_wake(wrapped, instance, args, kwargs):
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     if tags is None or engines.reported_asleep(instance) is None:
         return wrapped(*args, **kwargs)
-    owner = sleep_state.state_for(instance).owner
-    if owner is not None and owner.acting():  # the in-process engine's check planned this wake
+    state = sleep_state.state_for(instance)
+    if state.owner is not None and state.owner.acting():  # the in-process engine's check planned this wake
         return wrapped(*args, **kwargs)
-    do_call, pass_tags, _ = wake_plan.plan(instance, list(tags))
+    do_call, pass_tags, _ = wake_plan.plan(state.asleep_now(), list(tags))
     if not do_call or list(pass_tags) == list(tags):
         return wrapped(*args, **kwargs)
     log.debug(f"engine core wake_up({list(tags)}): passing {pass_tags}, the others are awake "

@@ -22,7 +22,7 @@ and only keep the record; these wrappers run in the process of the worker:
 
 No double counting: where an in-process engine's check acts (TRL / ms-swift colocate: ``LLMEngine``
 with the worker in this process), that check makes itself the worker's ``owner``
-(``SleepState.owner``, set by ``sleep_check``); while the owner's call runs in this thread the
+(``SleepState.owner``, set by its ``adopt_workers``); while the owner's call runs in this thread the
 worker's check passes through and only keeps the worker's record in step. So each sleep is one
 record: the engine's where the engine holds its worker, the worker's where it does not.
 
