@@ -309,7 +309,7 @@ class SleepState(SleepRecord):
 
 _lock = threading.Lock()
 _states: "weakref.WeakKeyDictionary[Any, SleepState]" = weakref.WeakKeyDictionary()
-_by_id: dict = {}  # fallback for engines that cannot be weakly referenced
+_by_id: dict = {}  # fallback for engines that cannot be weakly referenced (their state holds them: no id reused)
 
 
 def state_for(obj: Any) -> SleepState:
@@ -326,6 +326,7 @@ def state_for(obj: Any) -> SleepState:
         return state
 
 
+# The record's steps for callers that hold an engine (or ``vllm.LLM``), not its state.
 def engine_name(obj: Any) -> str:
     return state_for(obj).name()
 
@@ -340,6 +341,8 @@ def note_wake(obj: Any, tags: Optional[Iterable[str]] = None) -> SleepState:
 
 def resync(obj: Any, level: Optional[int] = None) -> SleepState:
     return state_for(obj).resync(level)
+
+
 def note_discard(obj: Any, tags: Iterable[str]) -> SleepState:
     return state_for(obj).note_discard(tags)
 
