@@ -135,7 +135,8 @@ class SleepState(SleepRecord):
 
     def _measured(self, upstream, level, probe, tracked, read) -> tuple:
         """vLLM's sleep, between two device readings when ``read``; the state records the level, the
-        figures and the reading schedule. Returns ``(result, Measured)``. An exception of vLLM's call leaves with the state re-read from the executor."""
+        figures and the reading schedule. Returns ``(result, Measured)``. An exception of vLLM's call
+        leaves with the state re-read from the executor."""
         free0 = memory.read_before_sleep(probe)[0] if read else None
         t0 = time.perf_counter()
         try:
@@ -146,9 +147,10 @@ class SleepState(SleepRecord):
         t1 = time.perf_counter()
         after = memory.after_sleep(probe, read)
         self.note_sleep(level)
+        m = Measured(level, tracked, t0, t1)
         if read:
-            free1, total = after
-            m = Measured(level, tracked, max(free1 - free0, 0), free1, total, "device", t0, t1)
+            m.free, m.total = after
+            m.freed, m.how = max(m.free - free0, 0), "device"
             self.schedule.levels_read.add(level)
             self.schedule.since_reading = 0
             self.schedule.reading_tracked = tracked
@@ -157,7 +159,7 @@ class SleepState(SleepRecord):
             unverified = tags is not None and not tags >= set(TAGS)
             if unverified:
                 self.resync()
-            m = Measured(level, tracked, None if unverified else tracked, None, None, "pool", t0, t1)
+            m.freed = None if unverified else tracked
             self.schedule.since_reading += 1
         self.measure.tracked_bytes, self.measure.freed_bytes, self.measure.measured = m.tracked, m.freed, m.how
         return result, m

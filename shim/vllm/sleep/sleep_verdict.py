@@ -95,11 +95,12 @@ class Measured:
     ``free`` / ``total`` (device after; None unless read), ``how`` ("device" | "pool"), ``t0`` / ``t1``
     (``perf_counter`` around vLLM's call)."""
 
-    __slots__ = ("level", "tracked", "freed", "free", "total", "how", "t0", "t1")
+    __slots__ = ("level", "tracked", "t0", "t1", "freed", "free", "total", "how")
 
-    def __init__(self, level, tracked, freed, free, total, how, t0, t1):
-        self.level, self.tracked, self.freed, self.free, self.total, self.how = level, tracked, freed, free, total, how
-        self.t0, self.t1 = t0, t1
+    def __init__(self, level, tracked, t0, t1):
+        self.level, self.tracked, self.t0, self.t1 = level, tracked, t0, t1
+        self.freed = self.free = self.total = None
+        self.how = "pool"
 
 
 def check_every() -> int:

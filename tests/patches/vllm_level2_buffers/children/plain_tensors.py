@@ -21,7 +21,7 @@ r = runner(llm)
 mla = r.mla_layers[0]
 holder = mla.impl if mla.impl is not None else mla
 R["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
-if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.weights.reload first (what trl-push-reprocess does)
+if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.weights.reload first (trl-push-reprocess)
     from shim.vllm.weights import reload
     with reload.session(llm):
         r.model.load_weights([(n, p.detach().clone()) for n, p in r.model.named_parameters()])
