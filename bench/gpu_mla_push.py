@@ -20,7 +20,7 @@ tensor (``VLLMGeneration.sync_weights``):
 After each step: greedy completions of 3 prompts and every MLA layer's ``W_UK_T`` / ``W_UV``, compared
 with a fresh engine (no sleep mode, own process) loaded from those weights on disk. Modes: ``off``
 (no shim), ``tensors`` (shim on, the push raw: only ``vllm-level2-tensors`` acts, as with
-``trl-push-reprocess`` disabled), ``on`` (shim on, the push inside ``shim.vllm.reload.session``: what
+``trl-push-reprocess`` disabled), ``on`` (shim on, the push inside ``shim.vllm.weights.reload.session``: what
 ``trl-push-reprocess`` wraps around TRL's push). Quantizations: ``bf16`` (none) and ``fp8kv``
 (online fp8 per tensor on ``kv_b_proj`` only; the other linears ignored; ``kv_b_proj`` is square
 here, 2 x (128 + 128) = 512 = kv_lora_rank, so a raw push does not stop on the transposed fp8 shape).
@@ -222,7 +222,7 @@ def role_main(a) -> None:
     def push(path):
         session = contextlib.nullcontext()
         if a.mode == "on":
-            from shim.vllm import reload
+            from shim.vllm.weights import reload
 
             session = reload.session(llm)
         t0 = time.perf_counter()

@@ -29,16 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.gpu import common  # noqa: E402
 
-# (module, attribute): the steps of shim.vllm.sleep_check's sleep and wake that it calls through a module
+# (module, attribute): the steps of the sleep check's sleep and wake (the engine's SleepState) that it calls
+# through a module
 STEPS = [("memory", "probe"), ("memory", "release_cached"), ("memory", "read_before_sleep"),
          ("memory", "after_sleep"), ("sleep_pool", "tracked_bytes"), ("sleep_pool", "bytes_by_tag"),
-         ("call_args", "arg"), ("wake_plan", "plan"), ("wake_plan", "asleep_tags"), ("engines", "executor_of"),
-         ("sleep_state", "state_for"), ("sleep_state", "note_sleep"), ("sleep_state", "note_wake"),
-         ("sleep_verdict", "reading_due"), ("sleep_verdict", "judge"), ("alloc_guard", "suspend"),
-         ("alloc_guard", "resume"), ("events", "emit")]
+         ("call_args", "arg"), ("wake_plan", "plan"), ("engines", "executor_of"), ("engines", "reported_asleep"),
+         ("sleep_state", "state_for"), ("sleep_verdict", "reading_due"), ("sleep_verdict", "judge"),
+         ("alloc_guard", "suspend"), ("alloc_guard", "resume"), ("events", "emit")]
 
 
-LAYER = {"call_args": "engine", "events": "observe"}  # the other modules are in shim/vllm
+LAYER = {"call_args": "engine", "events": "observe", "engines": "vllm"}  # the other modules are in shim/vllm/sleep
 
 
 def timed(table: dict, key: str, fn):
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     table: dict = {}
     for mod, attr in STEPS:
-        m = importlib.import_module(f"shim.{LAYER.get(mod, 'vllm')}.{mod}")
+        m = importlib.import_module(f"shim.{LAYER.get(mod, 'vllm.sleep')}.{mod}")
         setattr(m, attr, timed(table, f"{mod}.{attr}", getattr(m, attr)))
     reason = common.Gate(a.after, label="shimtime").wait(common.deadline(), 60.0)
     if reason:

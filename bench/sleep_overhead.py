@@ -15,7 +15,7 @@ trace), split by how the call was verified (``measured``):
   + empty_cache: vllm-ascend's sleep does neither), one event; per wake
   ``mem_get_info`` before and after;
 - ``pool``: the pool's usage and the executor's sleeping tags only (no device
-  reading; shim.vllm.sleep_verdict says when this is enough).
+  reading; shim.vllm.sleep.sleep_verdict says when this is enough).
 
 Every wake also gives cached blocks back first (young-generation gc +
 empty_cache; skipped on vLLM >= 0.30, which does it itself) and runs the

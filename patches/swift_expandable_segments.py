@@ -7,7 +7,7 @@ Affects:  ms-swift >=3.10.0,<4.0.0 (swift-expandable-segments) and >=4.0.0 (-4x,
 Remove:   when ms-swift's helper covers every route and keeps the user's string
 
 The rollout mixins (and 4.x's Megatron mixin and Ray engine) import the helper by name, so each of those names
-is rebound to ``shim.vllm.alloc_guard``: ``False`` suspends expandable segments on every route, ``True`` puts
+is rebound to ``shim.vllm.sleep.alloc_guard``: ``False`` suspends expandable segments on every route, ``True`` puts
 back exactly what the user had. What each site changes and how it was verified: the records (docs/patches.md).
 """
 import sys

@@ -42,7 +42,7 @@ GENERATION = Patch(
               "the weights pool, and the greedy output equals the fresh engine's. GPU: `bench/gpu_mla_push.py` "
               "(not run yet)"),
     changes=("TRL's colocated push method (`VLLMGeneration.sync_weights`, `OnlineDPOTrainer._move_model_to_vllm`, "
-             "the 0.x GRPO/RLOO `_move_model_to_vllm`) runs inside one `shim.vllm.reload.session`: the engine "
+             "the 0.x GRPO/RLOO `_move_model_to_vllm`) runs inside one `shim.vllm.weights.reload.session`: the engine "
              "model's `load_weights` is wrapped for the push; its first call opens vLLM's "
              "`initialize_layerwise_reload` (after TRL's weights wake, so vLLM's level-2 buffer restore finds the "
              "real buffers), the push's last tensor is followed by `finalize_layerwise_reload` (vLLM 0.16+; before "

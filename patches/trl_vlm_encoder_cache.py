@@ -30,13 +30,13 @@ probe = _probe("VLLMGeneration", "sync_weights")
 
 
 def apply(module, patcher):
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     patcher.wrap(module.VLLMGeneration, "sync_weights", caches.after_sync_weights)
 
 
 def apply_online_dpo(module, patcher):
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     patcher.wrap(module.OnlineDPOTrainer, "_move_model_to_vllm", caches.after_trainer_push)
 
@@ -58,7 +58,7 @@ PATCH = Patch(
     changes=("`VLLMGeneration.sync_weights` (and the shim's own push path): after every push the engine's encoder "
              "cache (`LLMEngine.reset_encoder_cache`, vLLM >=0.16) and multi-modal caches (`reset_mm_cache`) are "
              "reset, so a reused image is encoded with the new weights; vLLM <0.16 has no reset: one WARNING. "
-             "Stands down where `sync_weights` resets the encoder cache The reset is `shim.vllm.caches`; the "
+             "Stands down where `sync_weights` resets the encoder cache The reset is `shim.vllm.weights.caches`; the "
              "shim's own push path (`shim.trl.colocate`) does the same while this patch is on."),
 )
 

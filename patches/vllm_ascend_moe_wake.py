@@ -15,7 +15,7 @@ from shim.engine.patch import Patch
 
 def probe(module):
     from shim.engine import probes
-    from shim.vllm import moe_layout
+    from shim.vllm.weights import moe_layout
 
     cls = getattr(module, "NPUWorker", None)
     if cls is None:
@@ -24,7 +24,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim.vllm import moe_layout
+    from shim.vllm.weights import moe_layout
 
     patcher.wrap(module.NPUWorker, "wake_up", moe_layout.keep_layout)
 
@@ -54,7 +54,7 @@ PATCH = Patch(
              "processed layout `npu_grouped_matmul` needs and the attributes on it (a trainer's `weight_loader`) "
              "survive the wake (the end state of vllm-ascend PR #13012; ms-swift 4.5+ carries the same repair for "
              "itself). The probe reads `wake_up` and stands down where the re-layout is gone (0.26.0rc1) The "
-             "wrapper is `shim.vllm.moe_layout`."),
+             "wrapper is `shim.vllm.weights.moe_layout`."),
 )
 
 PATCHES = [PATCH]

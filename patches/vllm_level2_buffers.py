@@ -17,7 +17,7 @@ from shim.engine.probes import changed
 
 def _binding(class_name):
     def probe(module):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         cls = getattr(module, class_name, None)
         if cls is None:
@@ -25,7 +25,7 @@ def _binding(class_name):
         return buffers.probe_restore(cls)
 
     def apply(module, patcher):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         patcher.wrap(getattr(module, class_name), "wake_up", buffers.keep_buffers)
 
@@ -38,7 +38,7 @@ _probe_npu, _apply_npu = _binding("NPUWorker")
 
 def _plain_binding(class_name, save="save_plain"):
     def probe(module):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         cls = getattr(module, class_name, None)
         if cls is None or not callable(getattr(cls, "wake_up", None)):
@@ -46,7 +46,7 @@ def _plain_binding(class_name, save="save_plain"):
         return buffers.probe_plain(cls)
 
     def apply(module, patcher):
-        from shim.vllm import buffers
+        from shim.vllm.weights import buffers
 
         cls = getattr(module, class_name)
         patcher.wrap(cls, "sleep", getattr(buffers, save))
@@ -80,7 +80,7 @@ GPU = Patch(
              "0.25.0/0.26.0/0.27.0 wheels: `Worker.wake_up` restores the buffers saved by `sleep(level=2)` "
              "whatever the tags up to 0.26.x, gated on the weights tag from 0.27.0 (vllm#45619); vllm-ascend "
              "`NPUWorker.wake_up` is tag-blind in every release (0.23.0, 0.25.1rc1, main). The wrapper is "
-             "`shim.vllm.buffers`."),
+             "`shim.vllm.weights.buffers`."),
 )
 
 NPU = Patch(
@@ -118,7 +118,7 @@ GPU_PLAIN = Patch(
               "back and identical output with it (1 storage, 16 KiB kept); 0.13.0rc1: no such caches, nothing kept"),
     changes=("the worker's `sleep`: before a level-2 sleep, host copies of every plain tensor attribute (modules "
              "and their `impl`) whose storage lies in the weights pool, except views of parameters/buffers and, "
-             "where the pushes go through `shim.vllm.reload`, the attention layers' attributes; `wake_up`: written "
+             "where the pushes go through `shim.vllm.weights.reload`, the attention layers' attributes; `wake_up`: written "
              "back once the weights tag is mapped (any wake order); the shim's sleep line says `plain tensors "
              "kept: N storage(s), B bytes`. The NPU record also keeps the storages referenced by globals of "
              "`vllm_ascend` modules (in the weights pool, not a parameter's or a buffer's): vllm-ascend 0.13.0+'s "

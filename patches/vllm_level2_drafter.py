@@ -33,7 +33,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim.vllm import drafter
+    from shim.vllm.weights import drafter
 
     wrapper = drafter.keep_drafter(ID)
     patcher.wrap(module.EngineArgs, "__init__", wrapper)
@@ -70,7 +70,7 @@ PATCH = Patch(
              "discarded); `draft.*` matching nothing raises nothing in either. Below 0.33 nothing: no knob "
              "upstream (host copies by the shim would be a larger change for a speed loss). Probe: both classes' "
              "`__init__` take `enable_sleep_mode`, `speculative_config`, `sleep_preserve_parameter_names` The "
-             "wrapper is `shim.vllm.drafter`. vLLM accepts `draft.*` matching nothing (no drafter) and acts on it "
+             "wrapper is `shim.vllm.weights.drafter`. vLLM accepts `draft.*` matching nothing (no drafter) and acts on it "
              "at level 2 only; a trainer that does push its drafter is unharmed (the kept copy is restored at the "
              "weights wake, and the push writes over it). Below 0.33 the alternative would be host copies made "
              "around the worker's sleep and wake by the shim itself (as `vllm-level2-tensors` does for plain "

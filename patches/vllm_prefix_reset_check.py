@@ -21,7 +21,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     patcher.wrap(module.LLMEngine, "reset_prefix_cache", caches.check_prefix_reset)
 
@@ -44,7 +44,7 @@ PATCH = Patch(
              "blocks held by requests in flight) is retried once the KV cache is idle (at once when nothing is "
              "unfinished, else by preempting the running requests, `reset_running_requests=True`, as vLLM's own "
              "sleep does); still False: one WARNING per engine, `SHIM_STRICT=1` raises The reset is retried by "
-             "`shim.vllm.caches`."),
+             "`shim.vllm.weights.caches`."),
 )
 
 PATCHES = [PATCH]

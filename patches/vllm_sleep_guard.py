@@ -18,7 +18,7 @@ from shim.engine.probes import missing
 def _no_device():
     import importlib
 
-    from shim.vllm import memory
+    from shim.vllm.sleep import memory
 
     try:
         importlib.import_module("vllm.platforms")
@@ -32,8 +32,8 @@ def _no_device():
 def _guard_needed():
     """Stand down where vLLM keeps expandable segments off around its pool on every route itself and the
     guard's live write would only drop the user's other allocator options (CUDA, vLLM 0.31+:
-    ``shim.vllm.alloc_guard.upstream_covers``); the NPU guard stays (vllm-ascend only asserts)."""
-    from shim.vllm import alloc_guard, memory
+    ``shim.vllm.sleep.alloc_guard.upstream_covers``); the NPU guard stays (vllm-ascend only asserts)."""
+    from shim.vllm.sleep import alloc_guard, memory
 
     return alloc_guard.upstream_covers(memory.probe())
 
@@ -67,7 +67,7 @@ def _probe_engine_guard(module):
 
 def _worker_guard(class_name):
     def apply(module, patcher):
-        from shim.vllm import alloc_guard, engine_guard, memory, worker_check
+        from shim.vllm.sleep import alloc_guard, engine_guard, memory, worker_check
 
         worker = getattr(module, class_name)
         alloc_guard.track_live_setting(memory.probe(), patcher)
@@ -80,7 +80,7 @@ def _worker_guard(class_name):
 
 def _worker_check(class_name):
     def apply(module, patcher):
-        from shim.vllm import worker_check
+        from shim.vllm.sleep import worker_check
 
         worker = getattr(module, class_name)
         patcher.wrap(worker, "__init__", worker_check.check_init)
@@ -97,13 +97,13 @@ def _probe_core(module):
 
 
 def _apply_core_wake(module, patcher):
-    from shim.vllm import core_wake
+    from shim.vllm.sleep import core_wake
 
     patcher.wrap(module.EngineCore, "wake_up", core_wake.plan_wake)
 
 
 def _apply_guard(module, patcher):
-    from shim.vllm import alloc_guard, engine_guard, memory
+    from shim.vllm.sleep import alloc_guard, engine_guard, memory
 
     alloc_guard.track_live_setting(memory.probe(), patcher)
     patcher.wrap(module.LLMEngine, "__init__", engine_guard.guard_init)
@@ -112,7 +112,7 @@ def _apply_guard(module, patcher):
 
 def _apply_check(owner_name, init_name):
     def apply(module, patcher):
-        from shim.vllm import sleep_check
+        from shim.vllm.sleep import sleep_check
 
         owner = getattr(module, owner_name)
         patcher.wrap(owner, "__init__", getattr(sleep_check, init_name))
@@ -150,8 +150,8 @@ GUARD = Patch(
              "Stands down on CUDA with vLLM 0.31+ (fixed upstream: `device_allocator/alloc_conf.py` rewrites the "
              "whole allocator string around the pool on every route; the guard's bare live write would make torch "
              "drop `max_split_size_mb` and the like); the NPU guard stays `vllm.LLM` builds and wakes through "
-             "`LLMEngine`, ms-swift calls it directly; the guard is `shim.vllm.engine_guard` and "
-             "`shim.vllm.alloc_guard`. On CUDA/ROCm with vLLM 0.31+ the guard records stand down because the "
+             "`LLMEngine`, ms-swift calls it directly; the guard is `shim.vllm.sleep.engine_guard` and "
+             "`shim.vllm.sleep.alloc_guard`. On CUDA/ROCm with vLLM 0.31+ the guard records stand down because the "
              "guard's bare live write would drop the user's `max_split_size_mb` / `garbage_collection_threshold` / "
              "`roundup_power2_divisions`. Every record of this module stands down with one line when neither CUDA "
              "(`torch.cuda`) nor an Ascend NPU (`torch.npu`) is the device."),
@@ -184,8 +184,8 @@ CHECK = Patch(
              "half, first-sleep reset after warm-up (re-checked, re-issued once if still ineffective), per-tag "
              "wake (gc + `empty_cache` first), sleep while partially awake made effective, telemetry. On NPU every "
              "sleep is followed by gc + `torch.npu.empty_cache()` (the #9563 fix; it was already there) The check "
-             "is `shim.vllm.sleep_check` (verdict: `shim.vllm.sleep_verdict`; first-sleep reset: "
-             "`shim.vllm.first_sleep_reset`; one telemetry event per construction/sleep/wake: "
+             "is `shim.vllm.sleep.sleep_check` (verdict: `shim.vllm.sleep.sleep_verdict`; first-sleep reset: "
+             "`shim.vllm.sleep.first_sleep_reset`; one telemetry event per construction/sleep/wake: "
              "`shim.observe.events`). Only the outermost of `vllm-sleep-check` and `vllm-llm-sleep-check` acts on "
              "a sleep or wake (`LLM.sleep` delegates to `LLMEngine.sleep`), state keyed by the engine."),
 )
@@ -227,7 +227,7 @@ WORKER_GUARD = Patch(
              "an engine the shim already wraps passes through (no double counting); trace records carry the "
              "worker's pid and parent pid, `report` groups them under the trainer's run Where the engine core runs "
              "in its own process (`AsyncLLM`; `vllm.LLM` with vLLM's default `VLLM_ENABLE_V1_MULTIPROCESSING=1`) "
-             "the engine-level wrappers see no executor; these records (`shim.vllm.worker_check`) wrap "
+             "the engine-level wrappers see no executor; these records (`shim.vllm.sleep.worker_check`) wrap "
              "`Worker.load_model`, `initialize_from_config`, `wake_up` (guard) and `__init__`, `sleep`, `wake_up` "
              "(check)."),
 )
@@ -319,8 +319,8 @@ CORE_WAKE = Patch(
              "`wake_up([\"weights\", \"kv_cache\"])` leaves an `AsyncLLM` that accepts requests and never runs them. "
              "The engine-level check does this where it sees the executor; in an engine-core process only this "
              "wrapper does. An in-process core (`InprocClient`) is adopted by the engine's check and passes "
-             "through The wrapper is `shim.vllm.core_wake`, with the engine-level check's wake rule "
-             "(`shim.vllm.wake_plan`), in whatever process holds the executor."),
+             "through The wrapper is `shim.vllm.sleep.core_wake`, with the engine-level check's wake rule "
+             "(`shim.vllm.sleep.wake_plan`), in whatever process holds the executor."),
 )
 
 PATCHES = [GUARD, CHECK, LLM_CHECK, WORKER_GUARD, WORKER_CHECK, NPU_WORKER_GUARD, NPU_WORKER_CHECK, CORE_WAKE]

@@ -30,7 +30,7 @@ def _probe(module):
 
 
 def _apply(module, patcher):
-    from shim.vllm import extensible_kv
+    from shim.vllm.sleep import extensible_kv
 
     patcher.wrap(module.Worker, "sleep", extensible_kv.on_sleep)
     patcher.wrap(module.Worker, "discard", extensible_kv.on_discard)
@@ -60,7 +60,7 @@ PATCH = Patch(
              "in vLLM's records (the cache's pages, `AllocationData.is_asleep`); a cap vLLM set in between is left "
              "alone. The sleep check (any vLLM) counts the cache's pages outside the pool in `tracked`/`freed`, "
              "and warns once per engine \"freed, but this process cannot use it\" where a torch cap hides at least "
-             "half of what a sleep freed The wrappers are `shim.vllm.extensible_kv`."),
+             "half of what a sleep freed The wrappers are `shim.vllm.sleep.extensible_kv`."),
 )
 
 PATCHES = [PATCH]

@@ -35,7 +35,7 @@ def activate(*, reach_children: bool = True) -> bool:
     try:
         config.check()  # under SHIM_STRICT=1 a bad switch raises here, before its WARNING or any other line
         log.setup(debug=config.debug())
-        first = not registry._registry.active
+        first = not registry.active()
         active = registry.activate(catalog.entries(), catalog.removed())
     except (config.ConfigError, PatchFailed):  # raised only under SHIM_STRICT=1: the user asked for it
         raise
@@ -105,4 +105,4 @@ def _reach_children() -> None:
 def is_active() -> bool:
     from shim.engine import registry
 
-    return registry._registry.active
+    return registry.active()

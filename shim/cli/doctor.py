@@ -21,7 +21,7 @@ from shim.cli.install import PTH_NAME, always_on, site_packages
 from shim.engine import catalog, config
 from shim.engine.patch import FIX
 from shim.engine.versions import in_range, installed
-from shim.vllm import alloc_guard
+from shim.vllm.sleep import alloc_guard
 
 DISTRIBUTIONS = ("torch", "vllm", "vllm-ascend", "trl", "ms-swift", "deepspeed", "wrapt")
 
@@ -34,7 +34,7 @@ def _device() -> str:
         import torch  # noqa: F401  (imported for the probe, which reads sys.modules)
     except Exception as exc:
         return f"unusable ({type(exc).__name__})"
-    from shim.vllm import memory
+    from shim.vllm.sleep import memory
 
     return memory.device_type() or "none"
 

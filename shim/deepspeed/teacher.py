@@ -150,7 +150,7 @@ def read_config(model_dir: str) -> dict | None:
 
 def _device_memory() -> tuple | None:
     """(free, total) bytes of this rank's accelerator, or None on a CPU-only host."""
-    from shim.vllm import memory
+    from shim.vllm.sleep import memory
 
     p = memory.probe()
     return p.mem_get_info() if p is not None else None

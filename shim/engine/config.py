@@ -42,7 +42,7 @@ SHIM_DEVICE_CHECK_EVERY = "SHIM_DEVICE_CHECK_EVERY"
 before and after) at least every this many sleeps of an engine, besides the sleeps
 that need it (first sleep at each level, after an ineffective one, when the sleep
 pool's bookkeeping looks wrong); the others are verified from the pool's bookkeeping
-(``shim.vllm.sleep_verdict``). ``1``: every sleep and wake is read on the device."""
+(``shim.vllm.sleep.sleep_verdict``). ``1``: every sleep and wake is read on the device."""
 
 
 SHIM_VERIFY_WEIGHTS = "SHIM_VERIFY_WEIGHTS"

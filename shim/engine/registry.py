@@ -30,6 +30,11 @@ class _Registry:
 _registry = _Registry()
 
 
+def active() -> bool:
+    """The shim is activated in this process (``activate`` ran and was not turned off)."""
+    return _registry.active
+
+
 def decisions() -> dict:
     return dict(_registry.decisions)
 
@@ -38,7 +43,7 @@ def entries() -> list:
     return list(_registry.entries.values())
 
 
-def _decide(entry, decision: str, reason: str = "", version: "str | None" = None, patch: "Patch | None" = None) -> None:
+def decide(entry, decision: str, reason: str = "", version: "str | None" = None, patch: "Patch | None" = None) -> None:
     with _registry.lock:
         _registry.decisions[entry.id] = Decision(decision, reason, version)
     if decision == WAITING:
@@ -109,7 +114,7 @@ def activate(items: list, known_removed: "dict | None" = None) -> bool:
         for entry, state in pending:  # outside the lock: a hook may fire at once (module already imported)
             if state == DISABLED:
                 via = f"its bug {entry.bug} " if entry.id not in listed and entry.bug in listed else ""
-                _decide(entry, DISABLED, f"{via}listed in {config.SHIM_DISABLED_PATCHES}")
+                decide(entry, DISABLED, f"{via}listed in {config.SHIM_DISABLED_PATCHES}")
             else:
                 _register_hook(entry)
     finally:
@@ -156,21 +161,21 @@ def _apply(entry: Entry, module) -> None:
         patch = entry.load()
         version = installed(patch.distribution)
         if version is None:
-            return _decide(entry, STAND_DOWN, f"{patch.distribution} has no installed metadata", patch=patch)
+            return decide(entry, STAND_DOWN, f"{patch.distribution} has no installed metadata", patch=patch)
         if not in_range(version, patch.affected):
             fixed = patch.fixed_in and in_range(version, f">={patch.fixed_in}")
             reason = f"fixed upstream in {patch.fixed_in}" if fixed else f"version not in {patch.affected}"
-            return _decide(entry, STAND_DOWN, reason, version, patch)
+            return decide(entry, STAND_DOWN, reason, version, patch)
         reason = patch.probe(module) if patch.probe else None
         if reason:
-            return _decide(entry, STAND_DOWN, reason, version, patch)
+            return decide(entry, STAND_DOWN, reason, version, patch)
         patch.apply(module, patcher)
     except Exception as exc:  # roll back as a unit, keep the user's import alive
         try:
             patcher.undo()
         except Exception as undo_exc:  # never let a failing rollback out either
             exc = RuntimeError(f"{type(exc).__name__}: {exc}; rollback: {type(undo_exc).__name__}: {undo_exc}")
-        _decide(entry, FAILED, f"{type(exc).__name__}: {exc}", version, patch)
+        decide(entry, FAILED, f"{type(exc).__name__}: {exc}", version, patch)
         if config.strict():
             failure = PatchFailed(f"{entry.id}: {type(exc).__name__}: {exc}")
             failure.__cause__ = exc
@@ -183,7 +188,7 @@ def _apply(entry: Entry, module) -> None:
         return None
     with _registry.lock:
         _registry.patchers[entry.id] = patcher
-    _decide(entry, APPLIED, "", version, patch)
+    decide(entry, APPLIED, "", version, patch)
 
 
 
@@ -212,7 +217,7 @@ def remove(patch_id: str) -> bool:
                     f"(wrapped again by something that cannot be re-pointed); still applied there")
         return False
     previous = _registry.decisions.get(patch_id)
-    _decide(entry, STAND_DOWN, "removed", previous.version if previous else None)
+    decide(entry, STAND_DOWN, "removed", previous.version if previous else None)
     return True
 
 
@@ -258,4 +263,4 @@ def decision_text(row: dict) -> str:
 
 def unimportable(patch: Patch, exc: BaseException) -> None:
     """``status --import``: the hooked module of ``patch`` cannot be imported, so its hook never runs; say why."""
-    _decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
+    decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")

@@ -1,7 +1,7 @@
 """Sleep/wake telemetry: one event per engine construction, sleep and wake.
 
 Every event is one log line through ``shim.engine.log`` with the bytes the sleep allocator tracked and the bytes
-the sleep gave back (read on the device, or from the sleep pool's bookkeeping where ``shim.vllm.sleep_verdict``
+the sleep gave back (read on the device, or from the sleep pool's bookkeeping where ``shim.vllm.sleep.sleep_verdict``
 allows), at INFO only where it matters (:func:`_important`; the rest at DEBUG, one summary line every
 ``SHIM_SUMMARY_EVERY`` sleeps or 10 minutes, one at exit). With ``SHIM_TRACE=PATH`` each event is also one
 JSON line of PATH (:func:`emit`), read back by ``shim.observe.tracefile`` (``python -m shim report``).
@@ -96,8 +96,8 @@ def emit(event: str, engine: str, seconds: float, **fields) -> dict:
     """Record one event: log line (INFO or DEBUG, see the module docstring), trace line, summary.
 
     Measured: ``mem_get_info`` right before and after the call, cached blocks given back first, or,
-    where ``shim.vllm.sleep_verdict``'s rule allows, the sleep pool's bookkeeping (``measured``; see
-    ``shim.vllm.sleep_check``). Log volume over a long run: INFO for each engine's construction, its
+    where ``shim.vllm.sleep.sleep_verdict``'s rule allows, the sleep pool's bookkeeping (``measured``; see
+    ``shim.vllm.sleep.sleep_check``). Log volume over a long run: INFO for each engine's construction, its
     first sleep and first wake, every ineffective sleep and the first of each kind of correction the
     shim made (the record's note); the other sleep/wake lines are DEBUG (``SHIM_DEBUG=1`` shows them);
     one INFO summary line every ``SHIM_SUMMARY_EVERY`` sleeps (default 50) or 10 minutes, and one at exit.
@@ -165,7 +165,7 @@ def _important(rec: dict) -> tuple:
     new_note = bool(note) and kind not in seen["notes"]
     if note:
         seen["notes"].add(kind)
-    # the first sleep checked from the pool's bookkeeping rather than the device (shim.vllm.sleep_check)
+    # the first sleep checked from the pool's bookkeeping rather than the device (shim.vllm.sleep.sleep_check)
     way = ("measured", rec.get("measured")) if ev == "sleep" and rec.get("measured") else None
     new_way = way is not None and way not in seen["notes"] and not first
     if way is not None:

@@ -3,9 +3,9 @@
 
 
 def set_expandable_segments(enable: bool) -> None:
-    """Stand-in for ms-swift's helper (``shim.vllm.alloc_guard``): ``False`` suspends expandable segments on every
+    """Stand-in for ms-swift's helper (``shim.vllm.sleep.alloc_guard``): ``False`` suspends expandable segments on every
     route and the live setting, ``True`` puts back exactly what the user had."""
-    from shim.vllm import alloc_guard, memory
+    from shim.vllm.sleep import alloc_guard, memory
 
     if enable:
         alloc_guard.resume()

@@ -1,4 +1,4 @@
-"""Binds ``shim.vllm.reload.session`` to TRL's colocated push methods.
+"""Binds ``shim.vllm.weights.reload.session`` to TRL's colocated push methods.
 
 TRL pushes the trainer's weights into a colocated engine one tensor at a time with the raw
 ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, param)])``:
@@ -44,7 +44,7 @@ def binding(class_name: str, push_name: str, predicate):
         llm = getattr(instance, "llm", None)
         if llm is None or not predicate(instance) or synced_llm.owned_by_swift(instance):
             return wrapped(*args, **kwargs)
-        from shim.vllm import reload
+        from shim.vllm.weights import reload
 
         with reload.session(llm):
             return wrapped(*args, **kwargs)

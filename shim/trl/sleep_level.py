@@ -51,7 +51,7 @@ def engine_class(base, patch_id: str):
     The patch binds it to the name ``LLM`` in ``trl.generation.vllm_generation`` (the only place that
     module uses it is the construction), so the first sleep, right after construction, is covered too,
     and ``isinstance(llm, vllm.LLM)`` still holds. Level 0 (vLLM >= 0.18: pause scheduling only) is left
-    as asked. What depends on the level is the shim's sleep state (``shim.vllm.sleep_state.note_sleep``):
+    as asked. What depends on the level is the shim's sleep state (``shim.vllm.sleep.sleep_state.note_sleep``):
     after a level-1 sleep the woken weights are the ones slept with, so no push is needed to make them
     valid; the TRL binding (``shim.trl.synced_llm``) records the level applied. TRL >= 1.10 pushes before
     every generate after any sleep (``_llm_weights_sleeping``); 0.28 - 1.9.2 with the shim push whenever

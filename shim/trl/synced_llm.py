@@ -3,7 +3,7 @@
 Trainers drive sleep mode with their own counters (TRL's ``_last_loaded_step``, ms-swift's ``is_sleeping``
 checks) and refill woken weights with ``collective_rpc("reload_weights")``, which reads the checkpoint on disk
 -- the *initial* weights. :class:`SyncedLLM` sits where the trainer keeps its ``llm`` and enforces one invariant
-instead, from the shared sleep state (``shim.vllm.sleep_state``): before a generate, the engine's weights are the
+instead, from the shared sleep state (``shim.vllm.sleep.sleep_state``): before a generate, the engine's weights are the
 trainer's (pushed with the trainer's own push function when they are asleep, discarded or reloaded from disk).
 Everything else is forwarded untouched (``isinstance(proxy, LLM)`` holds).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from shim.engine import log
 from shim.trl import sleep_level
-from shim.vllm import sleep_state, wake_plan
+from shim.vllm.sleep import sleep_state
 
 REPLACE = "replace"
 FALLBACK = "fallback"
@@ -26,7 +26,7 @@ def _proxy_base():
 def sync_from_engine(llm) -> sleep_state.SleepState:
     """Reconcile the record with the executor (a sleep issued before the proxy existed)."""
     state = sleep_state.state_for(llm)
-    tags = wake_plan.asleep_tags(llm)
+    tags = state.asleep_now()
     if "weights" in tags and not state.weights_asleep:
         # Asleep at an unknown level: treat the contents as discarded (push is always safe).
         state.weights_valid = False
@@ -78,9 +78,9 @@ def synced_class():
 
         def wake_up(self, tags=None, *args, **kwargs):
             llm = self.__wrapped__
-            # Where the sleep check (shim.vllm.sleep_check) named this engine, it releases the cache itself.
-            release = not sleep_state.state_for(llm).engine
-            result, _, _ = wake_plan.wake(llm, tags, lambda t: llm.wake_up(t, *args, **kwargs), release=release)
+            # Where the sleep check (shim.vllm.sleep.sleep_check) named this engine, it releases the cache itself.
+            state = sleep_state.state_for(llm)
+            result, _, _ = state.wake_tags(tags, lambda t: llm.wake_up(t, *args, **kwargs), release=not state.engine)
             return result
 
         def sleep(self, level: int = 1, *args, **kwargs):
@@ -137,8 +137,8 @@ def is_attached(llm) -> bool:
 
 def after_push(llm) -> None:
     """Call after the trainer's push function returned: the weights are the trainer's, and what
-    the old weights computed (encoder / multi-modal caches, ``shim.vllm.caches``) is dropped."""
-    from shim.vllm import caches
+    the old weights computed (encoder / multi-modal caches, ``shim.vllm.weights.caches``) is dropped."""
+    from shim.vllm.weights import caches
 
     sleep_state.note_weights_pushed(getattr(llm, "__wrapped__", llm))
     caches.after_push(llm)

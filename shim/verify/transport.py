@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 
 from shim.verify import compare
-from shim.vllm import engines, sleep_state
+from shim.vllm import engines
+from shim.vllm.sleep import sleep_state
 
 
 class Unreachable(RuntimeError):

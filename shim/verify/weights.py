@@ -14,7 +14,7 @@ How it is wired (explicit per-engine objects, no thread-locals):
 
 - A trainer-side wrapper (``patches/verify_weights.py``) calls :class:`armed` around the
   trainer's own generate method: it names the trainer model the engine must equal (a
-  :class:`Target`, kept per engine like ``shim.vllm.sleep_state``).
+  :class:`Target`, kept per engine like ``shim.vllm.sleep.sleep_state``).
 - A vLLM-side wrapper (``vllm.LLM.generate`` / ``chat``) calls :func:`before_generate`:
   when its engine is armed, it verifies. It runs INSIDE every other wrapper the trainer or
   the shim put around the engine (``shim.trl.synced_llm`` pushes first), so it sees exactly
@@ -281,7 +281,7 @@ class armed:
 
 
 def engine_name(llm) -> str:
-    from shim.vllm import sleep_state
+    from shim.vllm.sleep import sleep_state
 
     return sleep_state.engine_name(transport.vllm_engine(llm))
 

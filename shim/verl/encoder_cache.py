@@ -37,14 +37,14 @@ def clear_kv_cache_wrapper(patch_id: str):
     (``collective_rpc("sleep")`` goes to the workers, past ``EngineCore.sleep``).
 
     The wrapper adds 0.9.0's two resets after verl's own ``clear_kv_cache``, on the server that holds the
-    engine (``node_rank == 0``, verl's own condition), through ``shim.vllm.caches``. Like 0.9.0 it runs on
+    engine (``node_rank == 0``, verl's own condition), through ``shim.vllm.weights.caches``. Like 0.9.0 it runs on
     every call, so the sleep-on flow of 0.8.0 with vLLM >= 0.17 resets twice (at the sleep and after the
     push): the second reset finds the cache empty and costs two engine-core calls (verl 0.9.0 does the
     same: ``_sleep_hybrid`` and ``clear_kv_cache`` both reset). ``clear_kv_cache`` also serves verl's
     request aborts (``abort_request``; ``abort_all_requests`` on vLLM < 0.12): the resets there are
     0.9.0's as well.
     """
-    from shim.vllm import caches
+    from shim.vllm.weights import caches
 
     def wrapper(wrapped, instance, args, kwargs):
         async def run():

@@ -7,8 +7,10 @@
 :func:`in_process_workers` (the executor's workers that live in this process),
 :func:`in_process_core` (the ``EngineCore`` an in-process client holds),
 :func:`executor_tags` / :func:`reported_asleep` (what vLLM reports asleep, or None where the
-executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine). The
-device an engine runs on is ``shim.vllm.memory.device_type``. Nothing here imports vLLM.
+executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine), what a sleep
+gives back beside the pool (:func:`outside_pool_bytes`: vLLM 0.34's extensible KV cache) and the
+plain tensors a worker keeps on the host across a level-2 sleep (:func:`kept_on_host`). The
+device an engine runs on is ``shim.vllm.sleep.memory.device_type``. Nothing here imports vLLM.
 """
 from __future__ import annotations
 
@@ -89,3 +91,41 @@ def sleep_mode(engine) -> "bool | None":
         if value is not None:
             return bool(value)
     return None
+
+
+SAVED_PLAIN = "_shim_sleep_saved_plain"
+"""Worker attribute (set by ``shim.vllm.weights.buffers``): ``{storage pointer: (device storage, host copy)}``
+between a level-2 sleep and the weights wake."""
+
+
+def kept_on_host(engine) -> tuple:
+    """``(storages, bytes)`` of the plain tensors ``engine``'s worker (or the worker itself) keeps on the host
+    for its weights wake; ``(0, 0)`` where it keeps none or cannot be read (a worker proxy may raise)."""
+    try:
+        worker = getattr(executor_of(engine), "driver_worker", None) or engine
+        saved = getattr(worker, SAVED_PLAIN, None) or {}
+        return len(saved), sum(host.nbytes() for _, host in saved.values())
+    except Exception:
+        return 0, 0
+
+
+def extensible_kv_cache(worker):
+    """vLLM 0.34's extensible KV cache of ``worker`` (``model_runner.extensible_kv_cache``), or None."""
+    return getattr(getattr(worker, "model_runner", None), "extensible_kv_cache", None)
+
+
+def outside_pool_bytes(engine, committed: bool = False) -> int:
+    """Pages the extensible KV caches of ``engine`` (a worker, or an engine with in-process workers) hold
+    now: device memory a sleep gives back beside the pool; ``committed``: what they map when awake
+    (``physical_bytes_for(num_committed_blocks)``, kept across a release). 0 without one."""
+    total = 0
+    for holder in [engine] + in_process_workers(engine):
+        cache = extensible_kv_cache(holder)
+        try:
+            if committed and callable(getattr(cache, "physical_bytes_for", None)):
+                total += int(cache.physical_bytes_for(int(cache.num_committed_blocks)))
+            else:
+                total += int(getattr(cache, "physical_bytes", 0) or 0)
+        except Exception:
+            continue
+    return total

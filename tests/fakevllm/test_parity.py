@@ -280,7 +280,7 @@ def _vllm_patches():
 def test_probes_pass_on_real_shapes(monkeypatch):
     from shim.engine import probes
     from shim.engine.versions import in_range
-    from shim.vllm import memory
+    from shim.vllm.sleep import memory
 
     device = types.SimpleNamespace(name="cuda")
     monkeypatch.setattr(memory, "probe", lambda: device)  # a CUDA device: the probes judge the shape only

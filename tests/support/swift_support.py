@@ -7,7 +7,7 @@ import os
 import subprocess
 import tempfile
 
-from shim.vllm.alloc_guard import ENV_VARS as ALLOC_VARS
+from shim.vllm.sleep.alloc_guard import ENV_VARS as ALLOC_VARS
 from tests.support import warm
 from tests.support.helpers import REPO, clean_env, last_json, rendezvous_port
 from tests.support.swift_envs import swift_python, swift_pythonpath

@@ -2,7 +2,7 @@
 
 - ``shim.engine.call_args.arg`` reads a positional-only call from the cached signature's positions
   instead of ``inspect``'s ``bind_partial``;
-- ``shim.vllm.sleep_pool.bytes_by_tag`` / ``tracked_bytes`` keep the pool's sums while its records
+- ``shim.vllm.sleep.sleep_pool.bytes_by_tag`` / ``tracked_bytes`` keep the pool's sums while its records
   keep their count and newest key, and sum again when either changes or when ``exact``.
 
 The pool here is a stand-in for vLLM's ``CuMemAllocator`` singleton
@@ -19,8 +19,8 @@ import types
 import pytest
 
 from shim.engine import call_args
-from shim.vllm import sleep_pool
-from shim.vllm.memory import Probe
+from shim.vllm.sleep import sleep_pool
+from shim.vllm.sleep.memory import Probe
 
 GiB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""``vllm-core-wake-plan`` (``shim.vllm.core_wake``) where the engine core runs in the trainer's process:
+"""``vllm-core-wake-plan`` (``shim.vllm.sleep.core_wake``) where the engine core runs in the trainer's process:
 vLLM's ``LLMEngine`` with an ``InprocClient`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) holds the
 ``EngineCore`` as ``engine_core.engine_core`` and reads ``model_executor`` off it (0.24
 ``llm_engine.py:125``). The engine's sleep check plans the wake and adopts the core; the core's
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from shim.vllm import core_wake, engines, sleep_check, sleep_state
+from shim.vllm import engines
+from shim.vllm.sleep import core_wake, sleep_state
 
 
 class _Core:
@@ -40,9 +41,9 @@ def test_in_process_core_adopted_by_the_engine_passes_through():
     engine = SimpleNamespace(engine_core=SimpleNamespace(engine_core=core), model_executor=core.model_executor)
     assert engines.in_process_core(engine) is core
     state = sleep_state.state_for(engine)
-    sleep_check._adopt_workers(engine, state)
+    state.adopt_workers()
     assert sleep_state.state_for(core).owner is state
-    with sleep_check._calling(state):  # the engine's check acts on this wake: it planned the tags
+    with state.calling():  # the engine's check acts on this wake: it planned the tags
         _wake(core, ["weights", "kv_cache"])
     _wake(core, ["weights", "kv_cache"])  # a call of the core alone: planned here
     assert core.calls == [["weights", "kv_cache"], ["kv_cache"]]

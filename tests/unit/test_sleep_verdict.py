@@ -1,4 +1,4 @@
-"""The sleep verdict (shim.vllm.sleep_verdict) on the vLLM stand-in: its threshold, and the cheap path.
+"""The sleep verdict (shim.vllm.sleep.sleep_verdict) on the vLLM stand-in: its threshold, and the cheap path.
 
 - Threshold: a pool that tracks real memory and gives back 40% of it at a sleep is judged
   ineffective (WARNING); 60% is not. The stand-in's device keeps the pages of a "held" pool
@@ -106,7 +106,7 @@ def test_device_check_every_bad_value_is_one_warning_and_the_default(monkeypatch
     """Read inside a wrapper, where nothing may raise: a bad value is one WARNING naming the
     variable and the accepted values, then the default."""
     from shim.engine import config, log
-    from shim.vllm import sleep_verdict
+    from shim.vllm.sleep import sleep_verdict
 
     log.forget("switch")
     warnings = []
@@ -124,9 +124,9 @@ def test_device_check_every_bad_value_is_one_warning_and_the_default(monkeypatch
 @pytest.mark.parametrize("share, effective", [(0.49, False), (0.51, True)])
 def test_verdict_threshold_pinned_at_half(share, effective):
     """The threshold is half of what the pool tracks, to the percent: 49% is ineffective, 51% is not."""
-    from shim.vllm import sleep_state, sleep_verdict
+    from shim.vllm.sleep import sleep_state, sleep_verdict
 
-    state = sleep_state.SleepState(measure=sleep_state.Measurement(sleep_mode=True, engine_bytes=40 * GiB))
+    state = sleep_state.SleepState(measure=sleep_verdict.Measurement(sleep_mode=True, engine_bytes=40 * GiB))
     tracked = 40 * GiB
     verdict, cause, _ = sleep_verdict.judge(state, tracked, int(tracked * share))
     assert verdict is effective

@@ -1,4 +1,4 @@
-"""The re-processing fallback of ``shim.vllm.reload.session`` and the attention layers' signature.
+"""The re-processing fallback of ``shim.vllm.weights.reload.session`` and the attention layers' signature.
 
 Where vLLM's layerwise reload cannot be used (none before 0.16; ``initialize_layerwise_reload`` failing), the
 session re-runs ``process_weights_after_loading`` of each attention layer the push wrote. That method takes

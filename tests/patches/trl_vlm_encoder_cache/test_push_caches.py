@@ -1,6 +1,6 @@
 """After a weight push: stale encoder embeddings (huggingface/trl#7198) and a prefix-cache reset
 that fails silently (vllm-project/vllm#28827). Patches ``trl-vlm-encoder-cache`` and
-``vllm-prefix-reset-check`` (``shim.vllm.caches``).
+``vllm-prefix-reset-check`` (``shim.vllm.weights.caches``).
 
 The TRL cases drive the REAL ``VLLMGeneration`` of the TRL release (tests/scenarios/trl_vlm_run.py)
 on the vLLM stand-in, whose encoder cache shares an image's output across requests by content

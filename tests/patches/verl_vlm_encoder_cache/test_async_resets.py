@@ -1,12 +1,12 @@
-"""``shim.vllm.caches.reset_encoder_caches_async`` in process, on a minimal engine with ``AsyncLLM``'s two coroutine
-resets: a reset that raises is one WARNING and the other still runs (``SHIM_STRICT=1``: raised); no
+"""``shim.vllm.weights.caches.reset_encoder_caches_async`` in process, on a minimal engine with ``AsyncLLM``'s
+two coroutine resets: a reset that raises is one WARNING and the other still runs (``SHIM_STRICT=1``: raised); no
 ``reset_encoder_cache`` (vLLM < 0.16): one WARNING per engine."""
 import asyncio
 
 import pytest
 
 from shim.engine import log
-from shim.vllm import caches
+from shim.vllm.weights import caches
 
 
 class Engine:

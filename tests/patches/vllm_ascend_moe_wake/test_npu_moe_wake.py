@@ -1,5 +1,5 @@
 """vllm-ascend's wake re-lays the MoE expert weights (vllm-ascend#11548, #12226; patch
-``vllm-ascend-moe-wake-layout``, ``shim.vllm.moe_layout``), on the REAL ``NPUWorker.wake_up``.
+``vllm-ascend-moe-wake-layout``, ``shim.vllm.weights.moe_layout``), on the REAL ``NPUWorker.wake_up``.
 
 The stand-in in NPU mode runs the ``NPUWorker.wake_up`` of a real vllm-ascend release: the method is
 read from the release's wheel (``tests/support/ascend_src.py``) and compiled against the stand-in's
@@ -85,7 +85,7 @@ def test_probe_reads_the_real_wake_up(release, expected):
     """The probe on each release's own ``NPUWorker.wake_up`` source (the range aside)."""
     import typing
 
-    from shim.vllm import moe_layout
+    from shim.vllm.weights import moe_layout
 
     names = {"torch": None, "CaMemAllocator": None, "get_ascend_config": None, "envs_ascend": None,
              "Optional": typing.Optional}

@@ -114,7 +114,7 @@ def test_views_of_parameters_are_not_copied(model_dir):
 
 
 def test_not_kept_where_the_push_rederives(model_dir):
-    """After a push through vLLM's reload (shim.vllm.reload), the attention layers' attributes are derived
+    """After a push through vLLM's reload (shim.vllm.weights.reload), the attention layers' attributes are derived
     again by the next push: not copied (a raw push, as here, then leaves them as the wake found them)."""
     on, proc = run(model_dir, BODY, shim=True, FAKEVLLM_QUANTIZATION="fp8", TEST_SESSION="1")
     assert on["kept_lines"] == [], proc.stderr
@@ -122,7 +122,7 @@ def test_not_kept_where_the_push_rederives(model_dir):
 
 
 def test_probe_stands_down_where_sleep_saves_module_attributes():
-    from shim.vllm import buffers
+    from shim.vllm.weights import buffers
 
     class Worker:
         def sleep(self, level=1):
@@ -169,7 +169,7 @@ def test_probe_stands_down_where_sleep_saves_module_attributes():
 
 
 def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):
-    """Which storages a level-2 sleep copies (``shim.vllm.buffers._plain_to_keep``), on a small module tree
+    """Which storages a level-2 sleep copies (``shim.vllm.weights.buffers._plain_to_keep``), on a small module tree
     whose every storage lies in the weights pool (the stand-in keeps parameters in one fake allocation,
     so the view rule is checked here): a plain tensor of its own storage is kept once (two views of one
     storage, one copy); views of a parameter or a buffer are not; an attention layer's attributes are not
@@ -178,7 +178,9 @@ def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):
 
     import torch
 
-    from shim.vllm import buffers, reload, sleep_pool
+    from shim.vllm.sleep import sleep_pool
+    from shim.vllm.weights import buffers
+    from shim.vllm.weights.tensors import REPROCESSED
 
     attention = types.ModuleType("vllm.model_executor.layers.attention")
 
@@ -208,7 +210,7 @@ def test_selection_skips_views_and_what_the_next_push_rederives(monkeypatch):
 
     ptr = {name: t.untyped_storage().data_ptr() for name, t in (("own", own), ("W_UV", model.mla.W_UV))}
     assert kept() == sorted([ptr["own"], ptr["W_UV"]])
-    setattr(model, reload.REPROCESSED, True)
+    setattr(model, REPROCESSED, True)
     assert kept() == [ptr["own"]]
 
 
@@ -244,7 +246,7 @@ def test_npu_ascend_rope_caches_absent_before_0130(model_dir):
 
 
 def test_selection_of_module_globals(monkeypatch):
-    """``shim.vllm.buffers._globals_to_keep``: a ``vllm_ascend`` module global whose storage lies in the
+    """``shim.vllm.weights.buffers._globals_to_keep``: a ``vllm_ascend`` module global whose storage lies in the
     weights pool is kept once (two halves of one tensor: one copy); one outside the pool, one sharing a
     buffer's storage (vllm-ascend restores buffers itself), a global of another package and a storage
     the attribute walk already keeps are not."""
@@ -252,7 +254,8 @@ def test_selection_of_module_globals(monkeypatch):
 
     import torch
 
-    from shim.vllm import buffers, sleep_pool
+    from shim.vllm.sleep import sleep_pool
+    from shim.vllm.weights import buffers
 
     model = torch.nn.Module()
     model.rope = torch.nn.Module()

@@ -66,7 +66,7 @@ def test_guard_leaves_every_route_alone_where_vllm_covers(monkeypatch):
     reported as a risk; where vLLM does not cover the routes, the same suspend acts."""
     import os
 
-    from shim.vllm import alloc_guard
+    from shim.vllm.sleep import alloc_guard
 
     class Probe:
         name = "cuda"

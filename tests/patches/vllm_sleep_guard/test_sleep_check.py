@@ -211,7 +211,7 @@ def test_trace_and_report(model_dir, tmp_path):
     for r in records:
         assert r["rank"] == 0 and r["engine"] == "LLMEngine#1" and r["pid"]
     # the first sleep and its wake are read on the device; the second sleep (same level, pool as at the
-    # last reading) is verified from the pool's bookkeeping (shim.vllm.sleep_verdict), without device figures
+    # last reading) is verified from the pool's bookkeeping (shim.vllm.sleep.sleep_verdict), without device figures
     assert [r.get("measured") for r in records] == [None, "device", "device", "pool"]
     assert all(r["free"] <= r["total"] for r in records[:3]) and records[3]["free"] is None
     assert records[3]["freed"] == records[3]["tracked"] == records[1]["tracked"]

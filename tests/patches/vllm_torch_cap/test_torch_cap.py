@@ -1,6 +1,6 @@
 """vLLM 0.34's extensible KV cache caps torch for the whole process (``set_per_process_memory_fraction``
 after warm-up) and no sleep lifts the cap: in the trainer's process the trainer cannot grow into what the
-sleep freed (``vllm-torch-cap-sleep``, ``shim.vllm.extensible_kv``). The sleep check's verdict says so for
+sleep freed (``vllm-torch-cap-sleep``, ``shim.vllm.sleep.extensible_kv``). The sleep check's verdict says so for
 any vLLM where a cap hides the freed memory (``sleep_verdict.capped``), and counts the KV cache's pages,
 outside the pool, in the sleep's figures (a tiny model's small pool is no ineffective sleep).
 

@@ -8,7 +8,7 @@ if TYPE_CHECKING:  # defined by the prelude this body follows
     from tests.support.children.vllm_scenario_prelude import R, free, new_llm
     from tests.unit.children.held import KEEP, pool_alloc
 
-from shim.vllm import memory
+from shim.vllm.sleep import memory
 
 reads = []
 _read = memory.Probe.mem_get_info

@@ -17,7 +17,7 @@ if os.environ.get("FAKEVLLM_DEVICE") == "npu":  # vllm-ascend's NPUWorker define
 else:
     from vllm.v1.worker.gpu_worker import Worker
 
-from shim.vllm import sleep_state
+from shim.vllm.sleep import sleep_state
 
 VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
 ENTRY, FAULT = os.environ["ENTRY"], os.environ["FAULT"]

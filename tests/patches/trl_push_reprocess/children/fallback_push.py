@@ -1,4 +1,4 @@
-# One push of new kv_b_proj weights through shim.vllm.reload.session on a DeepSeek-V2 (MLA, quantized
+# One push of new kv_b_proj weights through shim.vllm.weights.reload.session on a DeepSeek-V2 (MLA, quantized
 # kv_b_proj: the derived W_UK_T / W_UV are copies), with vLLM's layerwise reload refusing to start
 # (TEST_FALLBACK=1), so the session falls back to re-running the touched attention layers'
 # process_weights_after_loading (test_reprocess_signature.py). R["during"]: torch's per-process memory fraction
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # defined by the prelude this body follows
 
 import vllm.model_executor.model_loader.reload as layerwise_reload
 
-from shim.vllm import reload
+from shim.vllm.weights import reload
 
 llm = new_llm()
 r = runner(llm)

@@ -1,5 +1,5 @@
 # One push of new KV-cache scales (every plain Attention layer's k_scale / v_scale / q_scale / prob_scale)
-# into a dense fp8 model with an fp8 KV cache through shim.vllm.reload.session, as a trainer's push writes
+# into a dense fp8 model with an fp8 KV cache through shim.vllm.weights.reload.session, as a trainer's push writes
 # them: one model.load_weights([(name, tensor)]) per tensor. TEST_FALLBACK=1: vLLM's reload refuses to start,
 # so the session re-processes the touched attention layers itself (test_reprocess_signature.py). R["derived"]:
 # whether every layer's derived scales (the buffers, the host floats and tensors the kernels read) are the
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # defined by the prelude this body follows
 import vllm.model_executor.model_loader.reload as layerwise_reload
 from vllm.model_executor.layers.attention import Attention
 
-from shim.vllm import reload
+from shim.vllm.weights import reload
 
 llm = new_llm(kv_cache_dtype="fp8")
 r = runner(llm)

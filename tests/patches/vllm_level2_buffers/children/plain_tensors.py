@@ -1,6 +1,6 @@
 # MLA's plain tensor attributes across a level-2 sleep and a raw push of the same weights
 # (test_level2_tensors.py). A stand_in body (after tests/support/children/stand_in_prelude.py).
-# TEST_SESSION=1: a push through shim.vllm.reload first; TEST_ORDER: the tag woken first ("weights" default,
+# TEST_SESSION=1: a push through shim.vllm.weights.reload first; TEST_ORDER: the tag woken first ("weights" default,
 # or "kv_cache").
 import logging
 import os
@@ -21,8 +21,8 @@ r = runner(llm)
 mla = r.mla_layers[0]
 holder = mla.impl if mla.impl is not None else mla
 R["view"] = holder.W_UV.untyped_storage().data_ptr() == mla.kv_b_proj.weight.untyped_storage().data_ptr()
-if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.reload first (what trl-push-reprocess does)
-    from shim.vllm import reload
+if os.environ.get("TEST_SESSION") == "1":  # a push through shim.vllm.weights.reload first (trl-push-reprocess)
+    from shim.vllm.weights import reload
     with reload.session(llm):
         r.model.load_weights([(n, p.detach().clone()) for n, p in r.model.named_parameters()])
 before = gen(llm)

@@ -8,7 +8,7 @@ if TYPE_CHECKING:  # defined by the prelude this body follows
 from vllm.v1.worker.gpu_worker import Worker
 
 from shim.engine import registry
-from shim.vllm import buffers
+from shim.vllm.weights import buffers
 
 R["probe"] = buffers.probe_restore(Worker)
 R["decision"] = registry.decisions()["vllm-level2-buffers"].text()

@@ -3,7 +3,7 @@
 import json
 import os
 
-from shim.vllm import alloc_guard
+from shim.vllm.sleep import alloc_guard
 
 
 class Mem:

@@ -25,7 +25,7 @@ if os.environ.get("TEST_SHIM") == "1":
     R["decisions"] = {pid: decisions[pid].text() for pid in
                       ("vllm-sleep-guard", "vllm-worker-sleep-guard", "vllm-ascend-worker-sleep-guard") if pid in decisions}
     if os.environ.get("TEST_FORCE_GUARD") == "1":
-        from shim.vllm import alloc_guard, memory
+        from shim.vllm.sleep import alloc_guard, memory
 
         probe = memory.probe()
         getattr(alloc_guard, "_covered", {})[probe.name] = None

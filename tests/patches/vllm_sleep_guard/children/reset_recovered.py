@@ -1,8 +1,9 @@
 # The first-sleep reset's re-check logs a recovered engine (test_sleep_check.py test_reset_recovered_branch),
 # in-process, no vLLM: prints the reset's state.
-from shim.vllm import first_sleep_reset, sleep_state
+from shim.vllm.sleep import sleep_state, sleep_verdict
 
-s = sleep_state.SleepState(measure=sleep_state.Measurement(sleep_mode=True, engine_bytes=40 << 30, reset="pending", wakes=1))
-first_sleep_reset.outcome(s, "LLMEngine#1", True, 40 << 30, 40 << 30, "")
-first_sleep_reset.outcome(s, "LLMEngine#2", True, 40 << 30, 40 << 30, "", reissued=True)
+for name, reissued in (("LLMEngine#1", False), ("LLMEngine#2", True)):
+    s = sleep_state.SleepState(engine=name, measure=sleep_verdict.Measurement(sleep_mode=True, engine_bytes=40 << 30,
+                                                                               reset="pending", wakes=1))
+    s.reset_outcome(True, 40 << 30, 40 << 30, "", reissued=reissued)
 print(s.measure.reset)

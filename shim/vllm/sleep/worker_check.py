@@ -6,7 +6,7 @@ A trainer that drives ``vllm.v1.engine.async_llm.AsyncLLM`` (verl, OpenRLHF, ``v
 another process (``EngineCoreProc``, started by ``MPClient`` through multiprocessing spawn or
 fork); with one GPU its ``UniProcExecutor`` builds the ``Worker`` there, and the worker's pool
 allocations, ``sleep`` and ``wake_up`` happen there. The engine-level wrappers
-(``shim.vllm.sleep_check`` on ``LLMEngine`` / ``LLM``) see no executor in the trainer's process
+(``shim.vllm.sleep.sleep_check`` on ``LLMEngine`` / ``LLM``) see no executor in the trainer's process
 and only keep the record; these wrappers run in the process of the worker:
 
 - construction (``Worker.__init__``): the worker's ``SleepState`` gets its ``sleep_mode`` and the
@@ -14,19 +14,19 @@ and only keep the record; these wrappers run in the process of the worker:
 - ``load_model`` and ``initialize_from_config`` (where the weights and the KV cache are allocated
   into the sleep pool, vLLM's ``_maybe_get_memory_pool_context``) and ``wake_up`` (re-mapped pages)
   run inside the allocator guard, the user's setting back afterwards (:func:`guard_alloc`; the wake
-  through ``shim.vllm.engine_guard.guard_wake``, the engine's own, which reads the worker's sleep mode and
+  through ``shim.vllm.sleep.engine_guard.guard_wake``, the engine's own, which reads the worker's sleep mode and
   books its seconds on the worker's running check);
-- ``sleep`` / ``wake_up``: the sleep check of ``shim.vllm.sleep_check`` (freed vs the pool, the
+- ``sleep`` / ``wake_up``: the sleep check of ``shim.vllm.sleep.sleep_check`` (freed vs the pool, the
   ineffective-sleep WARNING, the first-sleep reset, per-tag wake, telemetry), on the worker's own
   state: the record's ``engine`` is ``Worker#<n>``, its ``pid`` the worker's process.
 
 No double counting: where an in-process engine's check acts (TRL / ms-swift colocate: ``LLMEngine``
 with the worker in this process), that check makes itself the worker's ``owner``
-(``SleepState.owner``, set by ``sleep_check``); while the owner's call runs in this thread the
+(``SleepState.owner``, set by its ``adopt_workers``); while the owner's call runs in this thread the
 worker's check passes through and only keeps the worker's record in step. So each sleep is one
 record: the engine's where the engine holds its worker, the worker's where it does not.
 
-The per-tag wake rule at this level (``shim.vllm.wake_plan``: only the requested tags that are
+The per-tag wake rule at this level (``shim.vllm.sleep.wake_plan``: only the requested tags that are
 asleep are passed) needs the worker's own record, so it applies only once the shim saw this
 worker fall asleep; before that every wake goes through as asked. On vLLM >= 0.31 the executor
 checks the tags before it calls the worker, so the worker's wake always goes through as asked;
@@ -35,11 +35,12 @@ checks the tags before it calls the worker, so the worker's wake always goes thr
 from __future__ import annotations
 
 from shim.engine import call_args
-from shim.vllm import alloc_guard, engines, memory, sleep_check, sleep_state, wake_plan
+from shim.vllm import engines
+from shim.vllm.sleep import alloc_guard, memory, sleep_check, sleep_state, wake_plan
 
 
 def _owner_acting(state) -> bool:
-    return state.owner is not None and sleep_check._inner(state.owner)
+    return state.owner is not None and state.owner.acting()
 
 
 def check_init(wrapped, instance, args, kwargs):

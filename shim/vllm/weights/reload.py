@@ -20,7 +20,7 @@ gather / merge contexts, so its tensors cannot be handed over as one iterator; :
 the reload around the whole push instead -- what vLLM's ``Worker.start_weight_update`` /
 ``update_weights`` / ``finish_weight_update`` do for chunked updates (0.24). The encoder and
 multi-modal cache reset that 0.24's ``reload_weights`` adds after the finalize is left to
-``trl-vlm-encoder-cache`` (``shim.vllm.caches``), which already follows these pushes and has its own
+``trl-vlm-encoder-cache`` (``shim.vllm.weights.caches``), which already follows these pushes and has its own
 switch.
 
 The finalize assigns what ``process_weights_after_loading`` derives as NEW tensors (``self.W_UV =
@@ -43,12 +43,10 @@ from __future__ import annotations
 import contextlib
 
 from shim.engine import log
+from shim.vllm.weights import tensors
 
 IN_SESSION = "_shim_push_session"
 """Model attribute: a session is open on this model (a nested push joins it)."""
-REPROCESSED = "_shim_pushes_reprocess"
-"""Model attribute: a push into this model re-ran its attention layers' post-processing (``shim.vllm.buffers``
-reads it: the next push derives those layers' plain tensors again)."""
 
 
 def runner_of(llm):
@@ -59,11 +57,6 @@ def runner_of(llm):
     engine = engines.unwrap(llm)
     worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
     return getattr(worker, "model_runner", None)
-
-
-def pushes_reprocess(model) -> bool:
-    """Whether a push into ``model`` re-ran its attention layers' post-processing (a session ran on it)."""
-    return bool(vars(model).get(REPROCESSED, False))
 
 
 NEEDS = "_shim_needs_reprocess"
@@ -110,7 +103,7 @@ def _layerwise():
 
 def _cap_lifted(runner, model):
     """vLLM 0.34's own reload lends the push room: ``kv_cache_lent_for_weight_update`` lifts the torch cap the
-    extensible KV cache set (``shim.vllm.extensible_kv``) for the update; a null context elsewhere."""
+    extensible KV cache set (``shim.vllm.sleep.extensible_kv``) for the update; a null context elsewhere."""
     kv_cache = getattr(runner, "extensible_kv_cache", None)
     if kv_cache is None:
         return contextlib.nullcontext()
@@ -123,9 +116,7 @@ def _cap_lifted(runner, model):
 
 
 def _plain_snapshot(model) -> list:
-    from shim.vllm import buffers
-
-    return [(owner, name, tensor) for owner, name, tensor, _ in buffers.plain_tensors(model)]
+    return [(owner, name, tensor) for owner, name, tensor, _ in tensors.plain_tensors(model)]
 
 
 def _same_layout(a, b) -> bool:
@@ -151,17 +142,9 @@ def _put_back(snapshot) -> int:
     return moved
 
 
-def _attention_classes() -> tuple:
-    try:
-        from vllm.model_executor.layers.attention import Attention, MLAAttention
-    except ImportError:
-        return ()
-    return Attention, MLAAttention
-
-
 def _touched_attention(model, written: set) -> list:
     """Attention layers whose own parameters or ``kv_b_proj`` (on the layer or its ``impl``) were written."""
-    classes = _attention_classes()
+    classes = tensors.attention_classes()
     out = []
     for module in model.modules() if classes else ():
         if not isinstance(module, classes):
@@ -280,7 +263,7 @@ def session(llm):
         log.debug(f"push re-derived {moved} plain tensor(s) with a new shape or dtype: they stay outside the "
                   f"storage they had (and the sleep pool)")
     if push.opened or push.written:
-        setattr(model, REPROCESSED, True)
+        setattr(model, tensors.REPROCESSED, True)
 
 
 _warned: list = []

@@ -6,12 +6,12 @@ is not asleep (``Executor.wake_up``, vllm/v1/executor/abstract.py: "Tag %s is no
 so ``wake_up(["weights", "kv_cache"])`` after ``wake_up(["weights"])`` maps no KV cache; and from
 0.24 ``EngineCore.wake_up`` resumes the scheduler only once the executor is fully awake, so the
 engine then accepts requests and never runs them. The engine-level sleep check
-(``shim.vllm.sleep_check`` on ``LLMEngine`` / ``LLM``) passes only the asleep tags
-(``shim.vllm.wake_plan``), but only where it sees the executor: with ``AsyncLLM`` (verl, OpenRLHF,
+(``shim.vllm.sleep.sleep_check`` on ``LLMEngine`` / ``LLM``) passes only the asleep tags
+(``shim.vllm.sleep.wake_plan``), but only where it sees the executor: with ``AsyncLLM`` (verl, OpenRLHF,
 ``vllm serve``) or ``vllm.LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` the executor lives in the
 engine-core process, and the wake reaches it as a utility call (``EngineCoreProc`` runs
 ``getattr(self, "wake_up")(tags)``) that no wrapper of the trainer's process sees. The worker's own
-check (``shim.vllm.worker_check``) is below the executor, which has already dropped the call.
+check (``shim.vllm.sleep.worker_check``) is below the executor, which has already dropped the call.
 
 :func:`plan_wake` wraps ``EngineCore.wake_up`` in the process that holds the executor and passes the
 requested tags that the executor reports asleep (plus the non-memory tags, e.g. "scheduling").
@@ -26,17 +26,18 @@ wrapper passes through: one plan per wake. The wake's record stays the worker's
 from __future__ import annotations
 
 from shim.engine import call_args, log
-from shim.vllm import engines, sleep_check, sleep_state, wake_plan
+from shim.vllm import engines
+from shim.vllm.sleep import sleep_state, wake_plan
 
 
 def plan_wake(wrapped, instance, args, kwargs):
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     if tags is None or engines.reported_asleep(instance) is None:
         return wrapped(*args, **kwargs)
-    owner = sleep_state.state_for(instance).owner
-    if owner is not None and sleep_check._inner(owner):  # the in-process engine's check planned this wake
+    state = sleep_state.state_for(instance)
+    if state.owner is not None and state.owner.acting():  # the in-process engine's check planned this wake
         return wrapped(*args, **kwargs)
-    do_call, pass_tags, _ = wake_plan.plan(instance, list(tags))
+    do_call, pass_tags, _ = wake_plan.plan(state.asleep_now(), list(tags))
     if not do_call or list(pass_tags) == list(tags):
         return wrapped(*args, **kwargs)
     log.debug(f"engine core wake_up({list(tags)}): passing {pass_tags}, the others are awake "

@@ -9,7 +9,7 @@ Where the freed bytes come from (:func:`reading_due`). Reading the device costs
 two device-wide ``mem_get_info`` readings with a synchronize and an
 ``empty_cache`` per sleep (and two per wake): ~0.2 ms on an H200, 1.6% of a
 ~15 ms level-2 sleep/wake of a 10 GiB pool. Most sleeps are judged from the
-pool's own bookkeeping instead (``shim.vllm.sleep_pool``): vLLM's allocator releases
+pool's own bookkeeping instead (``shim.vllm.sleep.sleep_pool``): vLLM's allocator releases
 every handle it tracks (``unmap_and_release``: ``cuMemUnmap`` + ``cuMemRelease``,
 which gives the physical pages back or raises), and the executor marks the
 engine asleep only after its sleep returned. So when the pool tracks what the
@@ -43,6 +43,9 @@ otherwise ``restored`` is the pool's bytes of the tags it woke.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 from shim.engine import config
 
 MiB = 1 << 20
@@ -50,6 +53,55 @@ NOTHING = 64 * MiB
 """A pool tracking less than this 'tracks about nothing'."""
 DRIFT = 0.01
 """The pool changed since the last device reading when it tracks more than this fraction more or less."""
+
+
+@dataclass
+class Measurement:
+    """What the sleep check measured and decided for one engine (``SleepState.measure``): the construction
+    (``built``, ``sleep_mode``, ``engine_bytes``, ``init_routes``; the allocator guard's ``guarded_init`` /
+    ``guard_saw``), the last sleep (``tracked_bytes``, ``freed_bytes``: None until a sleep was measured,
+    ``measured``: "device" or "pool"), the counts, the first-sleep reset (``reset``: "", "pending",
+    "recovered", "unrecoverable", "failed") and the torch cap a sleep lifted (``torch_cap``)."""
+
+    built: bool = False
+    sleep_mode: Optional[bool] = None
+    engine_bytes: Optional[int] = None
+    init_routes: list = field(default_factory=list)
+    guarded_init: bool = False
+    guard_saw: list = field(default_factory=list)
+    tracked_bytes: int = 0
+    freed_bytes: Optional[int] = None
+    measured: str = ""
+    sleeps: int = 0
+    wakes: int = 0
+    ineffective: int = 0
+    reset: str = ""
+    torch_cap: Optional[int] = None
+    capped_warned: bool = False
+
+
+@dataclass
+class ReadSchedule:
+    """When the sleep check reads the device next (``SleepState.schedule``; :func:`reading_due`)."""
+
+    levels_read: set = field(default_factory=set)
+    since_reading: int = 0
+    reading_tracked: int = 0
+    read_next: bool = False
+
+
+class Measured:
+    """One sleep's figures: its ``level``, ``tracked`` (pool bytes before), ``freed`` (None: not verified),
+    ``free`` / ``total`` (device after; None unless read), ``how`` ("device" | "pool"), ``t0`` / ``t1``
+    (``perf_counter`` around vLLM's call)."""
+
+    __slots__ = ("level", "tracked", "t0", "t1", "freed", "free", "total", "how")
+
+    def __init__(self, level, tracked, t0, t1):
+        self.level, self.tracked, self.t0, self.t1 = level, tracked, t0, t1
+        self.freed = self.free = self.total = None
+        self.how = "pool"
+
 
 def check_every() -> int:
     """``SHIM_DEVICE_CHECK_EVERY``; a bad value is one WARNING and the default (``config.read``)."""

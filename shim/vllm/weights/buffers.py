@@ -13,7 +13,7 @@ leaves them undefined.
 :func:`keep_buffers` (a wrapper of the worker's ``wake_up``) hides the saved buffers from a
 wake that does not include ``weights`` and puts them back afterwards, so the weights wake
 restores them -- whatever order the trainer wakes the tags in (TRL GOLD 0.25-0.29 wakes
-``kv_cache`` first). The wake order itself is left alone (``shim.vllm.wake_plan``).
+``kv_cache`` first). The wake order itself is left alone (``shim.vllm.sleep.wake_plan``).
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import inspect
 
 from shim.engine import call_args, log
 from shim.engine.probes import changed
+from shim.vllm import engines
+from shim.vllm.weights import tensors
 
 
 def _tags(wrapped, args, kwargs):
@@ -79,40 +81,9 @@ def probe_restore(cls) -> "str | None":
 # Left out, because something else rewrites them: tensors sharing storage with a parameter or a
 # buffer (unquantized MLA's ``W_UV`` is a view of ``kv_b_proj.weight``: the push rewrites it);
 # storage outside the weights pool (not discarded); and, on an engine whose pushes go through
-# vLLM's layerwise reload (``shim.vllm.reload``: its finalize re-runs every attention layer's
+# vLLM's layerwise reload (``shim.vllm.weights.reload``: its finalize re-runs every attention layer's
 # ``process_weights_after_loading``), the attributes of the attention layers, which the next push
 # derives again.
-
-SAVED_PLAIN = "_shim_sleep_saved_plain"
-"""Worker attribute: ``{storage pointer: (device storage, host copy)}`` between a level-2 sleep and the weights wake."""
-
-
-def _holders(model):
-    """``(owner, attention?)`` for every module of ``model`` and the backend object it keeps as ``impl``."""
-    import torch
-
-    try:
-        from vllm.model_executor.layers.attention import Attention, MLAAttention
-        attention = (Attention, MLAAttention)
-    except Exception:  # an older layout: no attention layer is told apart
-        attention = ()
-    for module in model.modules():
-        is_attention = bool(attention) and isinstance(module, attention)
-        yield module, is_attention
-        impl = vars(module).get("impl")
-        if impl is not None and not isinstance(impl, torch.nn.Module) and hasattr(impl, "__dict__"):
-            yield impl, is_attention
-
-
-def plain_tensors(model):
-    """``(owner, name, tensor, attention?)`` for each plain tensor attribute of ``model``'s modules and
-    their ``impl`` objects (what sits in ``vars(owner)``: parameters and buffers live in their own dicts)."""
-    import torch
-
-    for owner, is_attention in _holders(model):
-        for name, value in list(vars(owner).items()):
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-                yield owner, name, value, is_attention
 
 
 def _storage_ptr(tensor) -> "int | None":
@@ -132,7 +103,7 @@ def _in_weights_pool():
     """``ptr -> bool``: whether a storage lies in a "weights" allocation of the sleep pool."""
     import bisect
 
-    from shim.vllm import sleep_pool
+    from shim.vllm.sleep import sleep_pool
 
     spans = sorted(sleep_pool.spans("weights"))
     starts = [s for s, _ in spans]
@@ -148,11 +119,9 @@ def _plain_to_keep(worker) -> list:
     model = getattr(getattr(worker, "model_runner", None), "model", None)
     if model is None:
         return []
-    from shim.vllm import reload
-
-    rederived = reload.pushes_reprocess(model)
-    tensors = (t for _, _, t, is_attention in plain_tensors(model) if not (is_attention and rederived))
-    return _storages_to_keep(model, tensors, set())
+    rederived = tensors.pushes_reprocess(model)
+    kept = (t for _, _, t, is_attention in tensors.plain_tensors(model) if not (is_attention and rederived))
+    return _storages_to_keep(model, kept, set())
 
 
 def _storages_to_keep(model, tensors, seen: set) -> list:
@@ -183,7 +152,7 @@ def save_plain(wrapped, instance, args, kwargs, _select=None):
             host = torch.empty((storage.nbytes(),), dtype=torch.uint8).untyped_storage()
             host.copy_(storage)
             saved[ptr] = (storage, host)
-        setattr(instance, SAVED_PLAIN, saved)
+        setattr(instance, engines.SAVED_PLAIN, saved)
     return wrapped(*args, **kwargs)
 
 
@@ -245,30 +214,13 @@ def restore_plain(wrapped, instance, args, kwargs):
     """Wrapper of the worker's ``wake_up``: once the weights are mapped, the saved plain tensors written back."""
     result = wrapped(*args, **kwargs)
     tags = _tags(wrapped, args, kwargs)
-    saved = getattr(instance, SAVED_PLAIN, None)
+    saved = getattr(instance, engines.SAVED_PLAIN, None)
     if saved and (tags is None or "weights" in tags):
         for storage, host in saved.values():
             storage.copy_(host)
-        setattr(instance, SAVED_PLAIN, {})
+        setattr(instance, engines.SAVED_PLAIN, {})
         log.debug(f"wake_up({tags}): {len(saved)} plain tensor storage(s) restored after the level-2 sleep")
     return result
-
-
-def kept_note(engine) -> str:
-    """For the shim's sleep line: the plain tensor storages the engine's worker holds for its weights wake."""
-    from shim.observe import events
-    from shim.vllm import engines
-
-    try:  # a note for a log line: it never fails the sleep it describes (a worker proxy may raise)
-        worker = getattr(engines.executor_of(engine), "driver_worker", None) or engine  # or the worker itself
-        saved = getattr(worker, SAVED_PLAIN, None) or {}
-        nbytes = sum(host.nbytes() for _, host in saved.values())
-    except Exception:
-        return ""
-    if not saved:
-        return ""
-    return (f"plain tensors kept: {len(saved)} storage(s), {nbytes} bytes ({events.gib(nbytes)} GiB) copied to "
-            f"the host, restored at the weights wake")
 
 
 FIXED_034 = "fixed upstream (level 2 discards only the allocations holding nothing but parameters: " \

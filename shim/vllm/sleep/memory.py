@@ -8,7 +8,7 @@ neither, :func:`probe` returns None and the memory features stand down.
 Device readings (``mem_get_info`` is device-wide: another process allocating at
 that moment distorts it): :func:`read_settled` around an engine construction,
 :func:`read_before_sleep` / :func:`after_sleep` around a sleep whose freed
-bytes are measured on the device (``shim.vllm.sleep_check`` decides which sleeps).
+bytes are measured on the device (``shim.vllm.sleep.sleep_check`` decides which sleeps).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """What a vLLM engine says about its sleep, and per-tag wake; shared by the sleep check
-(``shim.vllm.sleep_check``) and the TRL proxy (``shim.trl.synced_llm``).
+(``SleepState.wake``), the engine core's (``core_wake``) and the TRL proxy's (``SleepState.wake_tags``).
 
 vLLM's executor (``vllm/v1/executor/abstract.py``) ignores the WHOLE
 ``wake_up(tags)`` call, with a warning, when any requested tag is not asleep:
 ``wake_up(["weights", "kv_cache"])`` after ``wake_up(["weights"])`` wakes
-nothing, and the next generate runs over an unmapped KV cache. :func:`wake`
+nothing, and the next generate runs over an unmapped KV cache. A wake (:func:`plan`)
 asks only for the requested tags that are asleep, skips the call when none
 is, and gives cached blocks back first (gc + the device's ``empty_cache``:
 re-mapped physical pages cannot reuse blocks PyTorch caches; vLLM >= 0.30 does
@@ -16,21 +16,15 @@ vLLM >= 0.31 (read in the 0.31.0-0.34.0 wheels, ``v1/executor/abstract.py``,
 when every requested tag is asleep in its own record, which also knows the KV
 cache a ``discard`` released (``release_kv_cache_memory``); the allocator maps
 only what is asleep. So a worker passes vLLM's wake on as asked
-(:func:`plan` ``as_asked``): the executor is the authority, never the shim's
+(:func:`plan` with ``asleep`` None): the executor is the authority, never the shim's
 worker record. Its ``sleep`` is refused only while ``weights`` is asleep
 (:func:`sleep_refused`), not while a discarded KV cache is.
 """
 from __future__ import annotations
 
-from shim.vllm import engines, memory, sleep_state
+from shim.vllm import engines
 
 TAGS = engines.TAGS
-
-
-def asleep_tags(obj) -> set:
-    """Tags vLLM's executor reports asleep (``sleeping_tags``), else the shim's record."""
-    tags = engines.reported_asleep(obj)
-    return tags if tags is not None else set(sleep_state.state_for(obj).asleep)
 
 
 def executor_guards() -> bool:
@@ -40,18 +34,25 @@ def executor_guards() -> bool:
     return installed_in("vllm", ">=0.31.0")
 
 
+def releases_before_wake() -> bool:
+    """vLLM >= 0.30 runs gc + empty_cache before waking itself: no second collection."""
+    from shim.engine.versions import installed_in
+
+    return installed_in("vllm", ">=0.30.0")
+
+
 def sleep_refused(asleep) -> bool:
     """Whether vLLM's executor ignores a sleep while ``asleep`` tags are asleep."""
     return "weights" in asleep if executor_guards() else bool(asleep)
 
 
-def plan(obj, tags, as_asked: bool = False) -> "tuple[bool, object, list]":
-    """``(call, tags_to_pass, woken)``: whether to call vLLM's wake_up, with which tags,
-    and which tags that wakes. ``tags=None`` (everything) is passed as None. ``as_asked``:
-    vLLM's executor already checked the tags (a worker on vLLM >= 0.31): the call goes on unchanged."""
-    if as_asked:
+def plan(asleep, tags) -> "tuple[bool, object, list]":
+    """``(call, tags_to_pass, woken)``: whether to call vLLM's wake_up, with which tags, and which tags
+    that wakes, given the tags ``asleep`` now (``SleepState.asleep_now``). ``tags=None`` (everything) is
+    passed as None. ``asleep`` None: vLLM's executor checks the tags itself (a worker on vLLM >= 0.31):
+    the call goes on as asked."""
+    if asleep is None:
         return True, tags, sorted(TAGS if tags is None else [t for t in tags if t in TAGS])
-    asleep = asleep_tags(obj)
     extra = [t for t in (tags or ()) if t not in TAGS]  # e.g. "scheduling" (vLLM >= 0.18)
     requested = list(TAGS) if tags is None else [t for t in tags if t in TAGS]
     todo = [t for t in requested if t in asleep]
@@ -62,18 +63,3 @@ def plan(obj, tags, as_asked: bool = False) -> "tuple[bool, object, list]":
     if set(todo) == set(requested) and not extra:
         return True, list(tags), todo
     return True, todo + extra, todo
-
-
-def wake(obj, tags, call, release: bool = True):
-    """Wake ``tags`` of ``obj`` through ``call(tags)`` (vLLM's wake_up), per tag.
-
-    Returns ``(result, woken_tags, called)``.
-    """
-    do_call, pass_tags, woken = plan(obj, tags)
-    if not do_call:
-        return None, [], False
-    if release and woken:
-        memory.release_cached()
-    result = call(pass_tags)
-    sleep_state.note_wake(obj, woken if tags is not None else None)
-    return result, woken, True

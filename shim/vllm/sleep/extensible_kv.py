@@ -1,6 +1,6 @@
 """vLLM 0.34's extensible KV cache under a sleep: torch's per-process memory cap follows the sleep (patch
 ``vllm-torch-cap-sleep`` on vLLM's ``Worker``), and the cache's pages, outside the sleep pool, count in
-the sleep check's figures (:func:`outside_pool_bytes`).
+the sleep check's figures (``shim.vllm.engines.outside_pool_bytes``).
 
 vLLM 0.34's extensible KV cache (``v1/worker/extensible_kv_cache.py``, on by default on CUDA) caps
 torch's caching allocator for the whole process after warm-up (``set_torch_memory_limit`` ->
@@ -13,37 +13,17 @@ optimizer step, or no gain from sleeping.
 Here the cap is lifted once the worker has something asleep (``sleep`` or ``discard``) and put back
 with vLLM's own value and method when it is fully awake again; a cap vLLM set in between (its reload
 restores its own) is left as vLLM set it. The sleep check's verdict on any cap that hides the freed
-memory is ``shim.vllm.sleep_verdict.capped``.
+memory is ``shim.vllm.sleep.sleep_verdict.capped``.
 """
 from __future__ import annotations
 
-from shim.vllm import engines, sleep_state
-
-
-def _cache(worker):
-    return getattr(getattr(worker, "model_runner", None), "extensible_kv_cache", None)
-
-
-def outside_pool_bytes(engine, committed: bool = False) -> int:
-    """Pages the extensible KV caches of ``engine`` (a worker, or an engine with in-process workers) hold
-    now: device memory a sleep gives back beside the pool; ``committed``: what they map when awake
-    (``physical_bytes_for(num_committed_blocks)``, kept across a release). 0 without one."""
-    total = 0
-    for holder in [engine] + engines.in_process_workers(engine):
-        cache = _cache(holder)
-        try:
-            if committed and callable(getattr(cache, "physical_bytes_for", None)):
-                total += int(cache.physical_bytes_for(int(cache.num_committed_blocks)))
-            else:
-                total += int(getattr(cache, "physical_bytes", 0) or 0)
-        except Exception:
-            continue
-    return total
+from shim.vllm import engines
+from shim.vllm.sleep import sleep_state
 
 
 def lift(worker) -> None:
     """Something of ``worker`` is asleep: its KV cache's torch cap lifted, vLLM's value kept."""
-    kv_cache = _cache(worker)
+    kv_cache = engines.extensible_kv_cache(worker)
     limit = getattr(kv_cache, "torch_memory_limit", None)
     if limit is None:
         return
@@ -55,7 +35,7 @@ def restore(worker) -> None:
     """``worker`` is fully awake: the cap vLLM set, back through vLLM's own method."""
     state = sleep_state.state_for(worker)
     limit, state.measure.torch_cap = state.measure.torch_cap, None
-    kv_cache = _cache(worker)
+    kv_cache = engines.extensible_kv_cache(worker)
     if limit is not None and kv_cache is not None and getattr(kv_cache, "torch_memory_limit", None) is None:
         kv_cache.set_torch_memory_limit(limit)
 
@@ -79,9 +59,9 @@ def on_wake(wrapped, instance, args, kwargs):
 def _asleep(worker) -> bool:
     """Anything still asleep after this wake, in vLLM's own records: the KV cache without its pages, or a
     pool allocation marked ``is_asleep`` (``AllocationData``, vLLM >= 0.28)."""
-    from shim.vllm import sleep_pool
+    from shim.vllm.sleep import sleep_pool
 
-    kv_cache = _cache(worker)
+    kv_cache = engines.extensible_kv_cache(worker)
     if kv_cache is not None and not getattr(kv_cache, "physical_bytes", 1):
         return True
     records = getattr(sleep_pool.allocator("cuda"), "pointer_to_data", None) or {}
