@@ -58,7 +58,7 @@ PATCH = Patch(
     changes=("`VLLMGeneration.sync_weights` (and the shim's own push path): after every push the engine's encoder "
              "cache (`LLMEngine.reset_encoder_cache`, vLLM >=0.16) and multi-modal caches (`reset_mm_cache`) are "
              "reset, so a reused image is encoded with the new weights; vLLM <0.16 has no reset: one WARNING. "
-             "Stands down where `sync_weights` resets the encoder cache The reset is `shim.vllm.weights.caches`; the "
+             "Stands down where `sync_weights` resets the encoder cache. The reset is `shim.vllm.weights.caches`; the "
              "shim's own push path (`shim.trl.colocate`) does the same while this patch is on."),
 )
 

@@ -43,7 +43,7 @@ PATCH = Patch(
     changes=("`LLMEngine.reset_prefix_cache` (what `LLM` and ms-swift call after a push): a False result (KV "
              "blocks held by requests in flight) is retried once the KV cache is idle (at once when nothing is "
              "unfinished, else by preempting the running requests, `reset_running_requests=True`, as vLLM's own "
-             "sleep does); still False: one WARNING per engine, `SHIM_STRICT=1` raises The reset is retried by "
+             "sleep does); still False: one WARNING per engine, `SHIM_STRICT=1` raises. The reset is retried by "
              "`shim.vllm.weights.caches`."),
 )
 

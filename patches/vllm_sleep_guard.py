@@ -183,7 +183,7 @@ CHECK = Patch(
              "from the pool's bookkeeping otherwise), one WARNING with cause and fix when a sleep frees less than "
              "half, first-sleep reset after warm-up (re-checked, re-issued once if still ineffective), per-tag "
              "wake (gc + `empty_cache` first), sleep while partially awake made effective, telemetry. On NPU every "
-             "sleep is followed by gc + `torch.npu.empty_cache()` (the #9563 fix; it was already there) The check "
+             "sleep is followed by gc + `torch.npu.empty_cache()` (the #9563 fix; it was already there). The check "
              "is `shim.vllm.sleep.sleep_check` (verdict: `shim.vllm.sleep.sleep_verdict`; first-sleep reset: "
              "`shim.vllm.sleep.first_sleep_reset`; one telemetry event per construction/sleep/wake: "
              "`shim.observe.events`). Only the outermost of `vllm-sleep-check` and `vllm-llm-sleep-check` acts on "
@@ -319,7 +319,7 @@ CORE_WAKE = Patch(
              "`wake_up([\"weights\", \"kv_cache\"])` leaves an `AsyncLLM` that accepts requests and never runs them. "
              "The engine-level check does this where it sees the executor; in an engine-core process only this "
              "wrapper does. An in-process core (`InprocClient`) is adopted by the engine's check and passes "
-             "through The wrapper is `shim.vllm.sleep.core_wake`, with the engine-level check's wake rule "
+             "through. The wrapper is `shim.vllm.sleep.core_wake`, with the engine-level check's wake rule "
              "(`shim.vllm.sleep.wake_plan`), in whatever process holds the executor."),
 )
 

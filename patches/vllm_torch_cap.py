@@ -60,7 +60,7 @@ PATCH = Patch(
              "in vLLM's records (the cache's pages, `AllocationData.is_asleep`); a cap vLLM set in between is left "
              "alone. The sleep check (any vLLM) counts the cache's pages outside the pool in `tracked`/`freed`, "
              "and warns once per engine \"freed, but this process cannot use it\" where a torch cap hides at least "
-             "half of what a sleep freed The wrappers are `shim.vllm.sleep.extensible_kv`."),
+             "half of what a sleep freed. The wrappers are `shim.vllm.sleep.extensible_kv`."),
 )
 
 PATCHES = [PATCH]
