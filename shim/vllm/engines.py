@@ -1,16 +1,14 @@
-"""What the shim reads off a vLLM engine, in one place.
+"""What the shim reads off a vLLM engine, in one place. Nothing here imports vLLM.
 
-``vllm.LLM`` delegates sleep and wake to its ``llm_engine`` (``LLMEngine``), whose
-``model_executor`` knows which tags are asleep (``sleeping_tags``, vLLM's
-``ExecutorBase``; ``is_sleeping`` True while any is). Every other module asks here:
-:func:`engine_of` (the object that owns the sleep state), :func:`executor_of`,
-:func:`in_process_workers` (the executor's workers that live in this process),
-:func:`in_process_core` (the ``EngineCore`` an in-process client holds),
-:func:`executor_tags` / :func:`reported_asleep` (what vLLM reports asleep, or None where the
-executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built engine), what a sleep
-gives back beside the pool (:func:`outside_pool_bytes`: vLLM 0.34's extensible KV cache) and the
-plain tensors a worker keeps on the host across a level-2 sleep (:func:`kept_on_host`). The
-device an engine runs on is ``shim.vllm.sleep.memory.device_type``. Nothing here imports vLLM.
+``vllm.LLM`` delegates sleep and wake to its ``llm_engine`` (``LLMEngine``), whose ``model_executor`` knows
+which tags are asleep (``sleeping_tags``, vLLM's ``ExecutorBase``; ``is_sleeping`` True while any is). Every
+other module asks here: :func:`engine_of` (the object that owns the sleep state), :func:`executor_of`,
+:func:`in_process_workers` (the executor's workers that live in this process), :func:`in_process_core` (the
+``EngineCore`` an in-process client holds), :func:`executor_tags` / :func:`reported_asleep` (what vLLM reports
+asleep, or None where the executor does not say), :func:`sleep_mode` (``enable_sleep_mode`` of a built
+engine), what a sleep gives back beside the pool (:func:`outside_pool_bytes`: vLLM 0.34's extensible KV cache)
+and the plain tensors a worker keeps on the host across a level-2 sleep (:func:`kept_on_host`). The device an
+engine runs on is ``shim.vllm.sleep.memory.device_type``.
 """
 from __future__ import annotations
 

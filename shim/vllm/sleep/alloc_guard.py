@@ -1,12 +1,23 @@
-"""The allocator guard: expandable segments off while a sleep allocator fills its pool; the user's
+"""The allocator guard: expandable segments off while a sleep allocator fills its pool, the user's exact
 setting back afterwards. In this package "guard" means this and nothing else.
 
-PyTorch's ``expandable_segments:True`` makes allocations requested inside a
-pluggable allocator's MemPool land outside it (pytorch#147851). vLLM's sleep
-mode only frees what is in its pool (``CuMemAllocator``; vllm-ascend:
-``CaMemAllocator``), so an engine built with expandable segments on frees
-~0 GiB at every sleep (ms-swift #6636). Users turn the setting on in five ways,
-and each vLLM / vllm-ascend release sees a different subset:
+PyTorch's ``expandable_segments:True`` makes allocations requested inside a pluggable allocator's MemPool land
+outside it (pytorch#147851). vLLM's sleep mode only frees what is in its pool (``CuMemAllocator``;
+vllm-ascend: ``CaMemAllocator``), so an engine built with expandable segments on frees ~0 GiB at every sleep
+(ms-swift #6636). Users turn the setting on in five ways (:data:`ENV_VARS` and the live setting), each seen by
+a different subset of vLLM / vllm-ascend releases; on CUDA with vLLM >= 0.31 vLLM covers every route itself
+and the guard stands down (:func:`upstream_covers`). The guard is :func:`expandable_segments_off` (or
+:func:`suspend` / :func:`resume`), process-wide like what it guards (``os.environ``, the live setting).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+"""The four env vars that turn expandable segments on; with the live setting the five routes, and which
+vLLM / vllm-ascend release sees which:
 
 =========================  =================================================
 route                      seen by
@@ -28,49 +39,7 @@ So: vLLM < 0.31 on CUDA/ROCm needs the ``PYTORCH_ALLOC_CONF`` / HIP / live part
 (on torch builds that bypass; torch 2.11 + vLLM 0.24 was measured not to), vLLM
 <= 0.20.0 also needs the ``PYTORCH_CUDA_ALLOC_CONF`` rewrite to pass its
 assert, and every vllm-ascend needs both the ``PYTORCH_NPU_ALLOC_CONF``
-rewrite (its assert) and the live setting off (the actual bypass).
-
-vLLM >= 0.31 on CUDA/ROCm needs nothing, and the guard there would do harm: vLLM's
-``use_memory_pool`` reads the live config (else the three env vars) and rewrites the
-WHOLE string with only ``expandable_segments`` flipped (``device_allocator/alloc_conf.py``,
-0.31.0 = 0.33.0 = 0.34.0; ``cumem.py`` 0.31.0:387-390 / 0.33.0:391-394 / 0.34.0:418-421), because torch's
-``parseArgs`` resets ``max_split_size_mb``, ``roundup_power2_divisions`` and
-``garbage_collection_threshold`` whenever a string leaves them out (c10
-``AllocatorConfig.cpp``) -- which the guard's bare ``expandable_segments:False`` /
-``:True`` live write does, dropping the user's values for the rest of the process.
-:func:`upstream_covers` tells that case (vLLM's ``alloc_conf`` module importable, the
-device CUDA): the guard records stand down there (fixed upstream), :func:`suspend` leaves
-every route alone and :func:`routes_on` reports none (expandable segments on are no
-risk to the pool). The NPU part is unchanged: vllm-ascend still only asserts.
-
-:func:`expandable_segments_off` is a re-entrant context manager: on entry each
-of the four env vars that enables expandable segments is rewritten with only
-that key set to ``False`` (other keys kept, order kept), and the live setting
-is switched off when it is (or may be) on; on exit the env strings are put back
-exactly and the live setting back on. :func:`suspend` / :func:`resume` are the
-same as two calls (for code shaped like ms-swift's
-``set_expandable_segments(False)`` ... ``set_expandable_segments(True)``).
-
-The nesting depth is process-wide (a module global, under a lock) because what
-it guards is: ``os.environ`` and the allocator's live setting belong to the
-process, and the guard is entered from several patches (``vllm-sleep-guard``
-around a build or wake, ms-swift's ``set_expandable_segments`` pair around a
-rollout), in any order. Nothing else passes between patches through it.
-
-The live setting cannot be read on every torch: the guard believes, in this
-order, the last value set through the device's ``memory._set_allocator_settings``
-since the shim tracked it (:func:`track_live_setting`), the allocator's own
-report (``memory._get_allocator_settings`` where present, else
-``torch._C._accelerator_getAllocatorSettings`` on CUDA; read once per device),
-then the env vars.
-"""
-from __future__ import annotations
-
-import os
-import threading
-from contextlib import contextmanager
-
-ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+rewrite (its assert) and the live setting off (the actual bypass)."""
 KEY = "expandable_segments"
 
 _lock = threading.RLock()
@@ -103,7 +72,21 @@ _covered: dict = {}      # device name -> the reason vLLM covers every route the
 
 def upstream_covers(probe) -> "str | None":
     """Why the guard has nothing to do on ``probe``'s device, or None: on CUDA/ROCm, a vLLM whose
-    ``vllm.device_allocator.alloc_conf`` (0.31+) rewrites the allocator config around its sleep pool."""
+    ``vllm.device_allocator.alloc_conf`` (0.31+) rewrites the allocator config around its sleep pool.
+
+    vLLM >= 0.31 on CUDA/ROCm needs nothing, and the guard there would do harm: vLLM's
+    ``use_memory_pool`` reads the live config (else the three env vars) and rewrites the
+    WHOLE string with only ``expandable_segments`` flipped (``device_allocator/alloc_conf.py``,
+    0.31.0 = 0.33.0 = 0.34.0; ``cumem.py`` 0.31.0:387-390 / 0.33.0:391-394 / 0.34.0:418-421), because torch's
+    ``parseArgs`` resets ``max_split_size_mb``, ``roundup_power2_divisions`` and
+    ``garbage_collection_threshold`` whenever a string leaves them out (c10
+    ``AllocatorConfig.cpp``) -- which the guard's bare ``expandable_segments:False`` /
+    ``:True`` live write does, dropping the user's values for the rest of the process.
+    This tells that case (vLLM's ``alloc_conf`` module importable, the device CUDA): the guard
+    records stand down there (fixed upstream), :func:`suspend` leaves every route alone and
+    :func:`routes_on` reports none (expandable segments on are no risk to the pool). The NPU part
+    is unchanged: vllm-ascend still only asserts.
+    """
     if probe is None or probe.name != "cuda":
         return None
     if probe.name not in _covered:
@@ -176,6 +159,13 @@ _reported: dict = {}      # device name -> bool | None: the allocator's report, 
 
 def live_expandable(probe) -> "bool | None":
     """The live setting as far as it can be known (None: unknown).
+
+    The live setting cannot be read on every torch: the guard believes, in this
+    order, the last value set through the device's ``memory._set_allocator_settings``
+    since the shim tracked it (:func:`track_live_setting`), the allocator's own
+    report (``memory._get_allocator_settings`` where present, else
+    ``torch._C._accelerator_getAllocatorSettings`` on CUDA; read once per device),
+    then the env vars.
 
     The allocator's report is read once per device (a C++ round trip of ~0.05-0.2 ms,
     on every wake otherwise): later changes go through the tracked setter, which wins.
@@ -264,7 +254,16 @@ def _exit(token: _Token, probe) -> None:
 
 
 def suspend(probe=None) -> "_Token | None":
-    """Turn expandable segments off (re-entrant); pass the result to :func:`resume`."""
+    """Turn expandable segments off (re-entrant); pass the result to :func:`resume`.
+
+    :func:`suspend` / :func:`resume` are :func:`expandable_segments_off` as two calls (for code
+    shaped like ms-swift's ``set_expandable_segments(False)`` ... ``set_expandable_segments(True)``).
+    The nesting depth is process-wide (a module global, under a lock) because what
+    it guards is: ``os.environ`` and the allocator's live setting belong to the
+    process, and the guard is entered from several patches (``vllm-sleep-guard``
+    around a build or wake, ms-swift's ``set_expandable_segments`` pair around a
+    rollout), in any order. Nothing else passes between patches through it.
+    """
     global _depth, _token
     with _lock:
         _depth += 1
@@ -301,7 +300,13 @@ def routes_seen() -> list:
 
 @contextmanager
 def expandable_segments_off(probe=None):
-    """Expandable segments off inside, the user's exact setting back outside."""
+    """Expandable segments off inside, the user's exact setting back outside.
+
+    A re-entrant context manager: on entry each of the four env vars that enables expandable
+    segments is rewritten with only that key set to ``False`` (other keys kept, order kept), and
+    the live setting is switched off when it is (or may be) on; on exit the env strings are put
+    back exactly and the live setting back on.
+    """
     token = suspend(probe)
     try:
         yield token

@@ -1,17 +1,14 @@
 """The allocator guard on a vLLM engine's build and ``wake_up`` (patch ``vllm-sleep-guard``).
 
-In this package "guard" means one thing: the allocator guard of
-``shim.vllm.sleep.alloc_guard`` (expandable segments off on every route while a sleep
-allocator fills its pool, the user's exact setting back afterwards). This
-module puts it around the two calls of ``vllm.v1.engine.llm_engine.LLMEngine``
-that allocate into the pool: ``__init__`` (weights, KV cache) and ``wake_up``
-(re-mapped pages). ``vllm.LLM`` builds and wakes through them; ms-swift calls
-the engine directly.
+In this package "guard" means one thing: the allocator guard of ``shim.vllm.sleep.alloc_guard`` (expandable
+segments off on every route while a sleep allocator fills its pool, the user's exact setting back
+afterwards). This module puts it around the two calls of ``vllm.v1.engine.llm_engine.LLMEngine`` that
+allocate into the pool: ``__init__`` (weights, KV cache) and ``wake_up`` (re-mapped pages). ``vllm.LLM``
+builds and wakes through them; ms-swift calls the engine directly.
 
-What the sleep check (``shim.vllm.sleep.sleep_check``, other patches) needs from it goes on
-the engine's ``SleepState``: ``guarded_init`` / ``guard_saw`` at construction,
-and the guard's own seconds on the running check's ``Call`` (``guard_s``).
-Whatever the upstream call raises reaches the caller unchanged, after the
+What the sleep check (``shim.vllm.sleep.sleep_check``, other patches) needs from it goes on the engine's
+``SleepState``: ``guarded_init`` / ``guard_saw`` at construction, and the guard's own seconds on the running
+check's ``Call`` (``guard_s``). Whatever the upstream call raises reaches the caller unchanged, after the
 user's setting is back (``alloc_guard.resume`` in ``finally``; it never raises).
 """
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """vLLM 0.34's extensible KV cache under a sleep: torch's per-process memory cap follows the sleep (patch
-``vllm-torch-cap-sleep`` on vLLM's ``Worker``), and the cache's pages, outside the sleep pool, count in
-the sleep check's figures (``shim.vllm.engines.outside_pool_bytes``).
+``vllm-torch-cap-sleep`` on vLLM's ``Worker``), and the cache's pages, outside the sleep pool, count in the
+sleep check's figures (``shim.vllm.engines.outside_pool_bytes``).
 
-vLLM 0.34's extensible KV cache (``v1/worker/extensible_kv_cache.py``, on by default on CUDA) caps
-torch's caching allocator for the whole process after warm-up (``set_torch_memory_limit`` ->
-``torch.cuda.set_per_process_memory_fraction``, at "reserved now + what stays free beside the KV
-cache") and lifts it only for its own reload and at ``free()``, never at a sleep. With the engine in
-the trainer's process (TRL / ms-swift colocate), torch's reservation does not shrink when the pool
-unmaps its pages, so the trainer cannot grow into what the sleep gave back: an OOM at the first
-optimizer step, or no gain from sleeping.
-
-Here the cap is lifted once the worker has something asleep (``sleep`` or ``discard``) and put back
-with vLLM's own value and method when it is fully awake again; a cap vLLM set in between (its reload
-restores its own) is left as vLLM set it. The sleep check's verdict on any cap that hides the freed
-memory is ``shim.vllm.sleep.sleep_verdict.capped``.
+vLLM 0.34's extensible KV cache (``v1/worker/extensible_kv_cache.py``, on by default on CUDA) caps torch's
+caching allocator for the whole process after warm-up (``set_torch_memory_limit`` ->
+``torch.cuda.set_per_process_memory_fraction``, at "reserved now + what stays free beside the KV cache") and
+lifts it only for its own reload and at ``free()``, never at a sleep. With the engine in the trainer's
+process (TRL / ms-swift colocate), torch's reservation does not shrink when the pool unmaps its pages, so the
+trainer cannot grow into what the sleep gave back: an OOM at the first optimizer step, or no gain from
+sleeping. Here the cap is lifted while anything is asleep (:func:`lift`, :func:`restore`).
 """
 from __future__ import annotations
 
@@ -22,7 +17,8 @@ from shim.vllm.sleep import sleep_state
 
 
 def lift(worker) -> None:
-    """Something of ``worker`` is asleep: its KV cache's torch cap lifted, vLLM's value kept."""
+    """Something of ``worker`` is asleep (``sleep`` or ``discard``): its KV cache's torch cap lifted,
+    vLLM's value kept."""
     kv_cache = engines.extensible_kv_cache(worker)
     limit = getattr(kv_cache, "torch_memory_limit", None)
     if limit is None:
@@ -32,7 +28,9 @@ def lift(worker) -> None:
 
 
 def restore(worker) -> None:
-    """``worker`` is fully awake: the cap vLLM set, back through vLLM's own method."""
+    """``worker`` is fully awake: the cap vLLM set, back through vLLM's own method. A cap vLLM set in
+    between (its reload restores its own) is left as vLLM set it. The sleep check's verdict on any cap
+    that hides the freed memory is ``shim.vllm.sleep.sleep_verdict.capped``."""
     state = sleep_state.state_for(worker)
     limit, state.measure.torch_cap = state.measure.torch_cap, None
     kv_cache = engines.extensible_kv_cache(worker)

@@ -1,43 +1,15 @@
-"""The sleep check on vLLM engines: every sleep verified, per-tag wake, telemetry
-(patches ``vllm-sleep-check`` on ``LLMEngine`` and ``vllm-llm-sleep-check`` on ``vllm.LLM``). These
-are the wrappers; the engine's ``SleepState`` (``shim.vllm.sleep.sleep_state``) carries out each check.
+"""The sleep check on vLLM engines: every sleep verified, per-tag wake, telemetry (patches
+``vllm-sleep-check`` on ``LLMEngine`` and ``vllm-llm-sleep-check`` on ``vllm.LLM``).
 
-No double counting: ``LLM.sleep`` delegates to ``LLMEngine.sleep`` (likewise
-``wake_up``), state is keyed by the engine (``shim.vllm.engines.engine_of``) and
-only the OUTERMOST wrapper of a call on one engine acts: it puts a
-``Call`` on the engine's ``SleepState`` for the duration of the
-call, and an inner wrapper that finds one of its thread passes straight
-through. Construction is the other way round: ``LLM.__init__`` builds its
-engine inside, so the engine's own check (``check_init``) records it and the
-``LLM`` one (``check_llm_init``) acts only where that did not run (the
-engine's ``SleepState.built``).
+A sleep frees only what vLLM's sleep pool holds, and nothing says when it freed nothing. These are the
+wrappers; the engine's ``SleepState`` (``shim.vllm.sleep.sleep_state``) carries out each check. Only the
+outermost wrapper of a call on one engine acts (:func:`check_sleep`); a construction is recorded once
+(:func:`check_llm_init`); sleep verification is :func:`sleep_on`.
 
-Sleep verification (every sleep at level >= 1 of an in-process engine): the
-bytes the sleep pool tracks (``shim.vllm.sleep.sleep_pool``) against the bytes the sleep
-gave back, read on the device (``mem_get_info`` before and after,
-``shim.vllm.sleep.memory``) or taken from the pool's bookkeeping: which one, and why that
-is safe, is ``shim.vllm.sleep.sleep_verdict``'s rule (first sleep per level, after an
-ineffective one, when the bookkeeping looks wrong, and every
-``SHIM_DEVICE_CHECK_EVERY``-th sleep read the device; each record's
-``measured`` says which). Ineffective (``sleep_verdict.judge``): one WARNING
-with the numbers, the likely cause and the fix; the first-sleep reset follows
-(``shim.vllm.sleep.first_sleep_reset``).
-
-Each sleep/wake record carries ``shim_s``, the seconds the shim spent around
-vLLM's call from the outermost wrapper's entry, the allocator guard's suspend
-and resume included (the telemetry line itself excluded); ``seconds`` is
-vLLM's call alone.
-
-Sleep while partially awake (e.g. ``wake_up(["weights"])`` then ``sleep()``):
-vLLM's executor ignores it ("Executor is already sleeping") and the woken tag
-stays mapped; the check wakes the remaining tags first, so the sleep frees
-everything.
-
-Faults: whatever vLLM's call raises (an OOM in ``wake_up``, an error or an
-interrupt in ``sleep`` or the construction) reaches the caller unchanged; the
-engine's ``SleepState`` is re-read from the executor (``SleepState.resync``),
-the ``Call`` is cleared, and the allocator guard's ``finally`` has put the
-user's setting back, so the next sleep and wake work as usual.
+Faults: whatever vLLM's call raises (an OOM in ``wake_up``, an error or an interrupt in ``sleep`` or the
+construction) reaches the caller unchanged; the engine's ``SleepState`` is re-read from the executor
+(``SleepState.resync``), the ``Call`` is cleared, and the allocator guard's ``finally`` has put the user's
+setting back, so the next sleep and wake work as usual.
 """
 from __future__ import annotations
 
@@ -60,7 +32,12 @@ def check_init(wrapped, instance, args, kwargs):
 def check_llm_init(wrapped, instance, args, kwargs):
     """``LLM.__init__``: the same, only where the engine's own ``check_init`` did not run
     (``vllm-sleep-check`` off). Its reading before the call collects only the young
-    generations (a full collection costs 0.1-0.5 s, and the engine's check does one)."""
+    generations (a full collection costs 0.1-0.5 s, and the engine's check does one).
+
+    Construction is the other way round from sleep and wake (:func:`check_sleep`): ``LLM.__init__``
+    builds its engine inside, so the engine's own check (``check_init``) records it and the ``LLM``
+    one (``check_llm_init``) acts only where that did not run (the engine's ``SleepState.built``).
+    """
     return _init(wrapped, instance, args, kwargs, full_gc=False)
 
 
@@ -103,13 +80,44 @@ def _init(wrapped, instance, args, kwargs, full_gc):
 # sleep and wake: the engine's SleepState checks them
 # ---------------------------------------------------------------------------
 def check_sleep(wrapped, instance, args, kwargs):
+    """``sleep`` of ``LLMEngine`` / ``LLM`` (:func:`sleep_on`).
+
+    No double counting: ``LLM.sleep`` delegates to ``LLMEngine.sleep`` (likewise
+    ``wake_up``), state is keyed by the engine (``shim.vllm.engines.engine_of``) and
+    only the OUTERMOST wrapper of a call on one engine acts: it puts a
+    ``Call`` on the engine's ``SleepState`` for the duration of the
+    call, and an inner wrapper that finds one of its thread passes straight
+    through.
+    """
     return sleep_on(engines.engine_of(instance), wrapped, args, kwargs)
 
 
 def sleep_on(engine, wrapped, args, kwargs, holds_memory=None):
     """The sleep check of one sleep of ``engine`` (``SleepState.sleep``). ``holds_memory``: the device
     memory is in this process (default: the engine has an in-process executor;
-    ``shim.vllm.sleep.worker_check`` passes True for vLLM's worker, which holds it wherever it runs)."""
+    ``shim.vllm.sleep.worker_check`` passes True for vLLM's worker, which holds it wherever it runs).
+
+    Sleep verification (every sleep at level >= 1 of an in-process engine): the
+    bytes the sleep pool tracks (``shim.vllm.sleep.sleep_pool``) against the bytes the sleep
+    gave back, read on the device (``mem_get_info`` before and after,
+    ``shim.vllm.sleep.memory``) or taken from the pool's bookkeeping: which one, and why that
+    is safe, is ``shim.vllm.sleep.sleep_verdict``'s rule (first sleep per level, after an
+    ineffective one, when the bookkeeping looks wrong, and every
+    ``SHIM_DEVICE_CHECK_EVERY``-th sleep read the device; each record's
+    ``measured`` says which). Ineffective (``sleep_verdict.judge``): one WARNING
+    with the numbers, the likely cause and the fix; the first-sleep reset follows
+    (``shim.vllm.sleep.first_sleep_reset``).
+
+    Each sleep/wake record carries ``shim_s``, the seconds the shim spent around
+    vLLM's call from the outermost wrapper's entry, the allocator guard's suspend
+    and resume included (the telemetry line itself excluded); ``seconds`` is
+    vLLM's call alone.
+
+    Sleep while partially awake (e.g. ``wake_up(["weights"])`` then ``sleep()``):
+    vLLM's executor ignores it ("Executor is already sleeping") and the woken tag
+    stays mapped; the check wakes the remaining tags first, so the sleep frees
+    everything.
+    """
     entered = time.perf_counter()
     return sleep_state.state_for(engine).sleep(wrapped, args, kwargs, holds_memory, entered)
 

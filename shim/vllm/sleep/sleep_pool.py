@@ -1,17 +1,14 @@
 """The sleep pool's own bookkeeping: what vLLM's sleep allocator tracks, per tag.
 
-vLLM allocates a sleep-mode engine's weights and KV cache inside
-``CuMemAllocator.use_memory_pool(tag)`` (``vllm/device_allocator/cumem.py``;
-vllm-ascend: ``CaMemAllocator`` in ``vllm_ascend/device_allocator/camem.py``,
-the same design). The singleton ``<Allocator>.instance`` keeps one
-``AllocationData`` per allocation in ``pointer_to_data`` (``handle[1]`` = its
-bytes, ``tag`` = "weights" / "kv_cache"); ``get_current_usage()`` is their sum.
-Sleeping unmaps and releases every handle (``unmap_and_release``) but keeps the
-records, so the sum stays the bytes the pool holds AWAKE: the bytes a sleep can
-give back.
+vLLM allocates a sleep-mode engine's weights and KV cache inside ``CuMemAllocator.use_memory_pool(tag)``
+(``vllm/device_allocator/cumem.py``; vllm-ascend: ``CaMemAllocator`` in
+``vllm_ascend/device_allocator/camem.py``, the same design). The singleton ``<Allocator>.instance`` keeps one
+``AllocationData`` per allocation in ``pointer_to_data`` (``handle[1]`` = its bytes, ``tag`` = "weights" /
+"kv_cache"); ``get_current_usage()`` is their sum. Sleeping unmaps and releases every handle
+(``unmap_and_release``) but keeps the records, so the sum stays the bytes the pool holds AWAKE: the bytes a
+sleep can give back.
 
-Nothing here creates the singleton or imports vLLM: a module that is not
-imported yet means there is no pool.
+Nothing here creates the singleton or imports vLLM: a module that is not imported yet means there is no pool.
 """
 from __future__ import annotations
 

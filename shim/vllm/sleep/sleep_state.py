@@ -1,16 +1,15 @@
 """The sleep state of a vLLM engine, and the object that checks its every sleep and wake.
 
-:class:`SleepState` is the engine's :class:`~shim.vllm.sleep.record.SleepRecord` (the tags asleep,
-the level, whether the weights are the trainer's: what every patch consults), with ``measure`` and
-``schedule`` (``shim.vllm.sleep.sleep_verdict``): what its sleep check measured and when it reads
-the device next. :meth:`SleepState.sleep` and :meth:`SleepState.wake` carry out that check on one
-call of vLLM's: measure it (the pool against the device, ``sleep_pool`` / ``memory``), judge it
-(``sleep_verdict``), re-issue it where the first-sleep reset says so (``first_sleep_reset``) and
-record it (``shim.observe.events``); ``shim.vllm.sleep.sleep_check`` holds the patch's wrappers.
-Every piece of state two patches share lives on it, never in a module global or a thread-local.
-
-The key is the engine object, held by weak reference: ``state_for(llm)`` and
-``state_for(llm.llm_engine)`` are the same state (``vllm.LLM`` delegates to its ``llm_engine``).
+:class:`SleepState` is the engine's :class:`~shim.vllm.sleep.record.SleepRecord` (the tags asleep, the level,
+whether the weights are the trainer's: what every patch consults), with ``measure`` and ``schedule``
+(``shim.vllm.sleep.sleep_verdict``): what its sleep check measured and when it reads the device next.
+:meth:`SleepState.sleep` and :meth:`SleepState.wake` carry out that check on one call of vLLM's: measure it
+(the pool against the device, ``sleep_pool`` / ``memory``), judge it (``sleep_verdict``), re-issue it where the
+first-sleep reset says so (``first_sleep_reset``) and record it (``shim.observe.events``);
+``shim.vllm.sleep.sleep_check`` holds the patch's wrappers. Every piece of state two patches share lives on
+it, never in a module global or a thread-local. The key is the engine object, held by weak reference:
+``state_for(llm)`` and ``state_for(llm.llm_engine)`` are the same state (``vllm.LLM`` delegates to its
+``llm_engine``).
 """
 from __future__ import annotations
 

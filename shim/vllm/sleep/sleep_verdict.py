@@ -1,45 +1,12 @@
 """Whether a sleep freed what it should, and when that needs a device reading.
 
-The verdict (:func:`judge`): a sleep at level >= 1 is ineffective when the device
-got back less than half of the bytes the sleep pool tracked, or when the pool
-tracks about nothing (< 64 MiB) while the engine holds memory; each verdict comes
-with the likely cause and the fix.
+The verdict (:func:`judge`): a sleep at level >= 1 is ineffective when the device got back less than half of
+the bytes the sleep pool tracked, or when the pool tracks about nothing (< 64 MiB) while the engine holds
+memory; each verdict comes with the likely cause and the fix.
 
-Where the freed bytes come from (:func:`reading_due`). Reading the device costs
-two device-wide ``mem_get_info`` readings with a synchronize and an
-``empty_cache`` per sleep (and two per wake): ~0.2 ms on an H200, 1.6% of a
-~15 ms level-2 sleep/wake of a 10 GiB pool. Most sleeps are judged from the
-pool's own bookkeeping instead (``shim.vllm.sleep.sleep_pool``): vLLM's allocator releases
-every handle it tracks (``unmap_and_release``: ``cuMemUnmap`` + ``cuMemRelease``,
-which gives the physical pages back or raises), and the executor marks the
-engine asleep only after its sleep returned. So when the pool tracks what the
-engine took and the executor reports every tag asleep afterwards, the sleep gave
-back the ``tracked`` bytes: the record says ``freed = tracked``, ``measured =
-"pool"``. What that cannot see is memory the pool released but the device did
-not get back (pages still held by another mapping or process), or memory that
-never was in the pool although the pool looks full; both come from how the
-engine was built and persist from sleep to sleep, so a sample finds them.
-
-The rule: a sleep reads the device (``measured = "device"``, exact figures) when
-
-1. it is the engine's first sleep at its level (every ineffective-first-sleep
-   case, ms-swift #6636 included, is caught there, exactly);
-2. the first-sleep reset is pending (its re-check after the warm-up);
-3. the previous sleep was judged ineffective, or could not be verified from the
-   bookkeeping (the executor did not report every tag asleep): the device is read
-   until a sleep is effective again, so every ineffective verdict carries
-   device figures;
-4. the bookkeeping looks wrong: the pool tracks about nothing, or less than half
-   of what the engine took at construction, or it tracks more than 1% more or
-   less than at the last device reading;
-5. ``SHIM_DEVICE_CHECK_EVERY`` (default 10) sleeps of this engine have passed
-   since the last device reading: a sleep that the pool says freed but the device
-   did not is caught at the latest at the 10th sleep after the fault appeared.
-   ``SHIM_DEVICE_CHECK_EVERY=1``: every sleep is read (the exact figures of every
-   cycle, at ~0.2 ms a call).
-
-A wake reads the device exactly when the sleep before it did (``restored``);
-otherwise ``restored`` is the pool's bytes of the tags it woke.
+Where the freed bytes come from (:func:`reading_due`): reading the device costs ~0.2 ms a sleep on an H200,
+so most sleeps are judged from the pool's own bookkeeping (``shim.vllm.sleep.sleep_pool``); the device is read
+on the first sleep per level, after a suspect one and every ``SHIM_DEVICE_CHECK_EVERY``-th (default 10).
 """
 from __future__ import annotations
 
@@ -109,7 +76,44 @@ def check_every() -> int:
 
 
 def reading_due(state, level: int, tracked: int, every: int) -> "str | None":
-    """Why this sleep must read the device (see the module doc), or None: the pool's bookkeeping will do."""
+    """Why this sleep must read the device, or None: the pool's bookkeeping will do.
+
+    Reading the device costs
+    two device-wide ``mem_get_info`` readings with a synchronize and an
+    ``empty_cache`` per sleep (and two per wake): ~0.2 ms on an H200, 1.6% of a
+    ~15 ms level-2 sleep/wake of a 10 GiB pool. Most sleeps are judged from the
+    pool's own bookkeeping instead (``shim.vllm.sleep.sleep_pool``): vLLM's allocator releases
+    every handle it tracks (``unmap_and_release``: ``cuMemUnmap`` + ``cuMemRelease``,
+    which gives the physical pages back or raises), and the executor marks the
+    engine asleep only after its sleep returned. So when the pool tracks what the
+    engine took and the executor reports every tag asleep afterwards, the sleep gave
+    back the ``tracked`` bytes: the record says ``freed = tracked``, ``measured =
+    "pool"``. What that cannot see is memory the pool released but the device did
+    not get back (pages still held by another mapping or process), or memory that
+    never was in the pool although the pool looks full; both come from how the
+    engine was built and persist from sleep to sleep, so a sample finds them.
+
+    The rule: a sleep reads the device (``measured = "device"``, exact figures) when
+
+    1. it is the engine's first sleep at its level (every ineffective-first-sleep
+       case, ms-swift #6636 included, is caught there, exactly);
+    2. the first-sleep reset is pending (its re-check after the warm-up);
+    3. the previous sleep was judged ineffective, or could not be verified from the
+       bookkeeping (the executor did not report every tag asleep): the device is read
+       until a sleep is effective again, so every ineffective verdict carries
+       device figures;
+    4. the bookkeeping looks wrong: the pool tracks about nothing, or less than half
+       of what the engine took at construction, or it tracks more than 1% more or
+       less than at the last device reading;
+    5. ``SHIM_DEVICE_CHECK_EVERY`` (default 10) sleeps of this engine have passed
+       since the last device reading: a sleep that the pool says freed but the device
+       did not is caught at the latest at the 10th sleep after the fault appeared.
+       ``SHIM_DEVICE_CHECK_EVERY=1``: every sleep is read (the exact figures of every
+       cycle, at ~0.2 ms a call).
+
+    A wake reads the device exactly when the sleep before it did (``restored``);
+    otherwise ``restored`` is the pool's bytes of the tags it woke.
+    """
     if every <= 1:
         return "every sleep"
     if level not in state.schedule.levels_read:

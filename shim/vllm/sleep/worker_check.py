@@ -1,36 +1,13 @@
 """The sleep check and the allocator guard where the memory lives: vLLM's worker (patches
 ``vllm-worker-sleep-guard`` and ``vllm-worker-sleep-check`` on ``vllm.v1.worker.gpu_worker.Worker``).
 
-A trainer that drives ``vllm.v1.engine.async_llm.AsyncLLM`` (verl, OpenRLHF, ``vllm serve``), or
-``vllm.LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` (vLLM's default), keeps the engine core in
-another process (``EngineCoreProc``, started by ``MPClient`` through multiprocessing spawn or
-fork); with one GPU its ``UniProcExecutor`` builds the ``Worker`` there, and the worker's pool
-allocations, ``sleep`` and ``wake_up`` happen there. The engine-level wrappers
-(``shim.vllm.sleep.sleep_check`` on ``LLMEngine`` / ``LLM``) see no executor in the trainer's process
-and only keep the record; these wrappers run in the process of the worker:
-
-- construction (``Worker.__init__``): the worker's ``SleepState`` gets its ``sleep_mode`` and the
-  expandable-segments routes that are on (:func:`check_init`);
-- ``load_model`` and ``initialize_from_config`` (where the weights and the KV cache are allocated
-  into the sleep pool, vLLM's ``_maybe_get_memory_pool_context``) and ``wake_up`` (re-mapped pages)
-  run inside the allocator guard, the user's setting back afterwards (:func:`guard_alloc`; the wake
-  through ``shim.vllm.sleep.engine_guard.guard_wake``, the engine's own, which reads the worker's sleep mode and
-  books its seconds on the worker's running check);
-- ``sleep`` / ``wake_up``: the sleep check of ``shim.vllm.sleep.sleep_check`` (freed vs the pool, the
-  ineffective-sleep WARNING, the first-sleep reset, per-tag wake, telemetry), on the worker's own
-  state: the record's ``engine`` is ``Worker#<n>``, its ``pid`` the worker's process.
-
-No double counting: where an in-process engine's check acts (TRL / ms-swift colocate: ``LLMEngine``
-with the worker in this process), that check makes itself the worker's ``owner``
-(``SleepState.owner``, set by its ``adopt_workers``); while the owner's call runs in this thread the
-worker's check passes through and only keeps the worker's record in step. So each sleep is one
-record: the engine's where the engine holds its worker, the worker's where it does not.
-
-The per-tag wake rule at this level (``shim.vllm.sleep.wake_plan``: only the requested tags that are
-asleep are passed) needs the worker's own record, so it applies only once the shim saw this
-worker fall asleep; before that every wake goes through as asked. On vLLM >= 0.31 the executor
-checks the tags before it calls the worker, so the worker's wake always goes through as asked;
-``discard`` (``release_kv_cache_memory``) is recorded (:func:`check_discard`).
+A trainer that drives ``vllm.v1.engine.async_llm.AsyncLLM`` (verl, OpenRLHF, ``vllm serve``), or ``vllm.LLM``
+with ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` (vLLM's default), keeps the engine core in another process
+(``EngineCoreProc``, started by ``MPClient`` through multiprocessing spawn or fork); with one GPU its
+``UniProcExecutor`` builds the ``Worker`` there, and the worker's pool allocations, ``sleep`` and ``wake_up``
+happen there. The engine-level wrappers (``shim.vllm.sleep.sleep_check`` on ``LLMEngine`` / ``LLM``) see no
+executor in the trainer's process and only keep the record; these wrappers run in the process of the worker
+(:func:`check_init`, :func:`guard_alloc`, :func:`check_sleep`, :func:`check_wake`, :func:`check_discard`).
 """
 from __future__ import annotations
 
@@ -44,7 +21,8 @@ def _owner_acting(state) -> bool:
 
 
 def check_init(wrapped, instance, args, kwargs):
-    """``Worker.__init__``: sleep mode and the expandable-segments routes on at construction."""
+    """``Worker.__init__``: the worker's ``SleepState`` gets its ``sleep_mode`` and the expandable-segments
+    routes on at construction."""
     result = wrapped(*args, **kwargs)
     try:
         state = sleep_state.state_for(instance)
@@ -59,6 +37,16 @@ def check_init(wrapped, instance, args, kwargs):
 
 
 def check_sleep(wrapped, instance, args, kwargs):
+    """``Worker.sleep``: the sleep check of ``shim.vllm.sleep.sleep_check`` (freed vs the pool, the
+    ineffective-sleep WARNING, the first-sleep reset, per-tag wake, telemetry), on the worker's own
+    state: the record's ``engine`` is ``Worker#<n>``, its ``pid`` the worker's process.
+
+    No double counting: where an in-process engine's check acts (TRL / ms-swift colocate: ``LLMEngine``
+    with the worker in this process), that check makes itself the worker's ``owner``
+    (``SleepState.owner``, set by its ``adopt_workers``); while the owner's call runs in this thread the
+    worker's check passes through and only keeps the worker's record in step. So each sleep is one
+    record: the engine's where the engine holds its worker, the worker's where it does not.
+    """
     state = sleep_state.state_for(instance)
     if _owner_acting(state):
         result = wrapped(*args, **kwargs)
@@ -69,6 +57,13 @@ def check_sleep(wrapped, instance, args, kwargs):
 
 
 def check_wake(wrapped, instance, args, kwargs):
+    """``Worker.wake_up``: the sleep check's wake (as :func:`check_sleep`, owner included).
+
+    The per-tag wake rule at this level (``shim.vllm.sleep.wake_plan``: only the requested tags that are
+    asleep are passed) needs the worker's own record, so it applies only once the shim saw this
+    worker fall asleep; before that every wake goes through as asked. On vLLM >= 0.31 the executor
+    checks the tags before it calls the worker, so the worker's wake always goes through as asked.
+    """
     state = sleep_state.state_for(instance)
     if _owner_acting(state) or state.level is None:  # owner acts / no sleep of this worker seen yet
         result = wrapped(*args, **kwargs)
@@ -88,7 +83,14 @@ def check_discard(wrapped, instance, args, kwargs):
 
 
 def guard_alloc(wrapped, instance, args, kwargs):
-    """``load_model`` / ``initialize_from_config`` of a sleep-mode worker with expandable segments off."""
+    """``load_model`` / ``initialize_from_config`` of a sleep-mode worker with expandable segments off.
+
+    These are where the weights and the KV cache are allocated into the sleep pool (vLLM's
+    ``_maybe_get_memory_pool_context``); they run inside the allocator guard, the user's setting back
+    afterwards. The worker's ``wake_up`` (re-mapped pages) is guarded through
+    ``shim.vllm.sleep.engine_guard.guard_wake``, the engine's own, which reads the worker's sleep mode and
+    books its seconds on the worker's running check.
+    """
     probe = memory.probe()
     if probe is None or not engines.sleep_mode(instance):
         return wrapped(*args, **kwargs)
