@@ -1,19 +1,13 @@
-"""Keep the buffers a level-2 sleep saved until the weights are woken.
+"""Keep what a level-2 sleep saved, or would lose, until the weights are woken: buffers, plain tensors, globals.
 
-vLLM's ``Worker.sleep(level=2)`` saves ``model.named_buffers()`` (rope ``cos_sin_cache``,
-``inv_freq``: values no checkpoint holds, so neither ``reload_weights`` nor a trainer's push
-brings them back) and ``Worker.wake_up`` restores them. Up to vLLM 0.26.x (gated on the
-``weights`` tag from 0.27.0; the wheels read: 0.10.2-0.26.0 tag-blind, 0.27.0+ gated) and in
-every vllm-ascend release (``NPUWorker.wake_up``, 0.23.0 and main), the restore ignores
-``tags``: ``wake_up(["kv_cache"])`` after a level-2 sleep copies the buffers into the
-still-unmapped weight memory (CUDA_ERROR_ILLEGAL_ADDRESS, vllm#45619; an MTE fault on NPU), and
-where the copy does not fault it drops the saved copies, so the later ``wake_up(["weights"])``
-leaves them undefined.
-
-:func:`keep_buffers` (a wrapper of the worker's ``wake_up``) hides the saved buffers from a
-wake that does not include ``weights`` and puts them back afterwards, so the weights wake
-restores them -- whatever order the trainer wakes the tags in (TRL GOLD 0.25-0.29 wakes
-``kv_cache`` first). The wake order itself is left alone (``shim.vllm.sleep.wake_plan``).
+vLLM's ``Worker.sleep(level=2)`` saves ``model.named_buffers()`` (rope ``cos_sin_cache``, ``inv_freq``: values
+no checkpoint holds, so neither ``reload_weights`` nor a trainer's push brings them back) and ``Worker.wake_up``
+restores them. Up to vLLM 0.26.x (gated on the ``weights`` tag from 0.27.0; the wheels read: 0.10.2-0.26.0
+tag-blind, 0.27.0+ gated) and in every vllm-ascend release (``NPUWorker.wake_up``, 0.23.0 and main), the
+restore ignores ``tags``: ``wake_up(["kv_cache"])`` after a level-2 sleep copies the buffers into the
+still-unmapped weight memory (CUDA_ERROR_ILLEGAL_ADDRESS, vllm#45619; an MTE fault on NPU), and where the copy
+does not fault it drops the saved copies, so the later ``wake_up(["weights"])`` leaves them undefined
+(:func:`keep_buffers`). What the sleep does not save at all is kept by :func:`save_plain` / :func:`restore_plain`.
 """
 from __future__ import annotations
 
@@ -30,6 +24,10 @@ def _tags(wrapped, args, kwargs):
 
 
 def keep_buffers(wrapped, instance, args, kwargs):
+    """A wrapper of the worker's ``wake_up``: hides the saved buffers from a wake that does not include
+    ``weights`` and puts them back afterwards, so the weights wake restores them -- whatever order the
+    trainer wakes the tags in (TRL GOLD 0.25-0.29 wakes ``kv_cache`` first). The wake order itself is left
+    alone (``shim.vllm.sleep.wake_plan``)."""
     tags = _tags(wrapped, args, kwargs)
     saved = getattr(instance, "_sleep_saved_buffers", None)
     if tags is None or "weights" in tags or not saved:

@@ -2,26 +2,13 @@
 
 Two upstream gaps, one moment (right after the trainer wrote new weights into a colocated engine):
 
-- Encoder and multi-modal caches (huggingface/trl#7198). vLLM's encoder cache
-  (``vllm/v1/core/encoder_cache_manager.py`` + ``GPUModelRunner.encoder_cache``) shares an
-  image's encoder output between requests by content hash and keeps it after the request
-  ends; a weight update does not invalidate it. TRL's ``VLLMGeneration.sync_weights`` resets
-  only the prefix cache, so a reused image gets the embedding of the OLD vision tower.
-  :func:`reset_encoder_caches` calls ``LLMEngine.reset_encoder_cache`` (vLLM 0.16+; ``LLM``
-  has no such method up to 0.31) and ``reset_mm_cache`` (``LLM`` 0.12+, ``LLMEngine``). vLLM
-  0.17+ also resets both inside every sleep of level >= 1 (``EngineCore._reset_caches``), so
-  with sleep mode on the gap is the push without a sleep before it (sleep mode off, or a push
-  between sleeps); vLLM < 0.16 has no public reset: one WARNING says so.
-  :func:`reset_encoder_caches_async` does the same on vLLM's ``AsyncLLM`` (verl, volcengine/verl#6523).
-- Prefix-cache reset that fails silently (vllm#28827). ``reset_prefix_cache()`` returns False
-  while requests hold KV blocks (``BlockPool.reset_prefix_cache``: "some blocks are not freed
-  yet") and TRL / ms-swift ignore it, so prompts after the update reuse KV computed with the old
-  weights. :func:`check_prefix_reset` looks at every result: on False it retries once the KV
-  cache is idle -- at once when the engine has no unfinished request, else by preempting the
-  running requests (``reset_running_requests=True``, vLLM 0.12+, what vLLM's own sleep does:
-  their KV is recomputed with the new weights); still False: one WARNING per engine
-  (``SHIM_STRICT=1`` raises). vLLM < 0.12's ``LLMEngine.reset_prefix_cache`` returns None (the
-  result is dropped inside vLLM): nothing to check there.
+- Encoder and multi-modal caches (huggingface/trl#7198): vLLM's encoder cache keeps an image's encoder output
+  across requests and a weight update does not invalidate it; TRL's ``VLLMGeneration.sync_weights`` resets
+  only the prefix cache, so a reused image gets the embedding of the OLD vision tower
+  (:func:`reset_encoder_caches`; on ``AsyncLLM``, verl, volcengine/verl#6523: :func:`reset_encoder_caches_async`).
+- Prefix-cache reset that fails silently (vllm#28827): ``reset_prefix_cache()`` returns False while requests
+  hold KV blocks and TRL / ms-swift ignore it, so prompts after the update reuse KV computed with the old
+  weights (:func:`check_prefix_reset`).
 """
 from __future__ import annotations
 
@@ -61,7 +48,17 @@ def patch_active(patch_id: str) -> bool:
 
 def reset_encoder_caches(llm) -> list:
     """Reset the encoder and multi-modal caches of ``llm`` (a ``vllm.LLM`` or its engine) where
-    the engine has them; returns the names of the caches reset. Never raises."""
+    the engine has them; returns the names of the caches reset. Never raises.
+
+    vLLM's encoder cache (``vllm/v1/core/encoder_cache_manager.py`` + ``GPUModelRunner.encoder_cache``)
+    shares an image's encoder output between requests by content hash and keeps it after the request
+    ends; a weight update does not invalidate it (huggingface/trl#7198). This calls
+    ``LLMEngine.reset_encoder_cache`` (vLLM 0.16+; ``LLM`` has no such method up to 0.31) and
+    ``reset_mm_cache`` (``LLM`` 0.12+, ``LLMEngine``). vLLM 0.17+ also resets both inside every sleep of
+    level >= 1 (``EngineCore._reset_caches``), so with sleep mode on the gap is the push without a sleep
+    before it (sleep mode off, or a push between sleeps); vLLM < 0.16 has no public reset: one WARNING
+    says so.
+    """
     engine = engines.engine_of(engines.unproxy(llm))
     done = []
     reset_encoder = getattr(engine, "reset_encoder_cache", None)
@@ -138,7 +135,16 @@ def _accepts(wrapped, name: str) -> bool:
 
 
 def check_prefix_reset(wrapped, instance, args, kwargs):
-    """Wrapper of ``LLMEngine.reset_prefix_cache``: a False result is retried once, then reported."""
+    """Wrapper of ``LLMEngine.reset_prefix_cache``: a False result is retried once, then reported.
+
+    ``reset_prefix_cache()`` returns False while requests hold KV blocks (``BlockPool.reset_prefix_cache``:
+    "some blocks are not freed yet", vllm#28827). On False this retries once the KV cache is idle -- at
+    once when the engine has no unfinished request, else by preempting the running requests
+    (``reset_running_requests=True``, vLLM 0.12+, what vLLM's own sleep does: their KV is recomputed
+    with the new weights); still False: one WARNING per engine (``SHIM_STRICT=1`` raises). vLLM <
+    0.12's ``LLMEngine.reset_prefix_cache`` returns None (the result is dropped inside vLLM): nothing
+    to check there.
+    """
     result = wrapped(*args, **kwargs)
     if result is not False:
         return result

@@ -1,21 +1,14 @@
 """Keep the MoE expert Parameters across vllm-ascend's ``NPUWorker.wake_up``.
 
-vllm-ascend 0.12.0rc1 - 0.25.1rc1 (``NPUWorker.wake_up``; read in the 0.12.0rc1, 0.13.0, 0.18.0,
-0.23.0, 0.24.0rc1 and 0.25.1rc1 wheels) finish every wake that includes ``weights`` of an unquantized
-model by re-laying the fused MoE expert weights: each ``w2_weight`` whose dim 2 is the hidden size and
-each ``w13_weight`` whose dim 1 is becomes a NEW ``nn.Parameter`` holding ``param.transpose(1, 2)``.
-But the allocator has just restored the bytes of the weights as they were before the sleep, in the
-layout ``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` made for
-``npu_grouped_matmul`` ([E, H, 2I] / [E, I, H]); the transpose takes them out of it. The next forward
-fails with a shape mismatch (vllm-ascend#11548, #12226), and whatever the trainer attached to the old
-Parameter objects (a ``weight_loader``, as ms-swift and verl attach for their pushes) is gone with them.
-vllm-ascend PR #13012 (0.26.0rc1) removes the re-layout; ms-swift 4.5+ carries the same repair as this
-module for its own runs (``swift/model/npu_patch/vllm_ascend_moe.py``).
-
-:func:`keep_layout` wraps the worker's ``wake_up``: it notes the expert Parameters before the call and,
-after it (also when it raises), puts back every one the call replaced by a re-laid view of the same
-storage -- the objects, hence their layout and attributes, are the ones slept with. A Parameter
-replaced by a tensor of other storage is left as the call made it.
+vllm-ascend 0.12.0rc1 - 0.25.1rc1 (``NPUWorker.wake_up``; read in the 0.12.0rc1, 0.13.0, 0.18.0, 0.23.0,
+0.24.0rc1 and 0.25.1rc1 wheels) finish every wake that includes ``weights`` of an unquantized model by re-laying
+the fused MoE expert weights: each ``w2_weight`` whose dim 2 is the hidden size and each ``w13_weight`` whose dim
+1 is becomes a NEW ``nn.Parameter`` holding ``param.transpose(1, 2)``. But the allocator has just restored the
+bytes of the weights as they were before the sleep, in the layout
+``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` made for ``npu_grouped_matmul`` ([E, H, 2I] /
+[E, I, H]); the transpose takes them out of it. The next forward fails with a shape mismatch
+(vllm-ascend#11548, #12226), and whatever the trainer attached to the old Parameter objects (a
+``weight_loader``, as ms-swift and verl attach for their pushes) is gone with them (:func:`keep_layout`).
 """
 from __future__ import annotations
 
@@ -44,6 +37,14 @@ def _same_storage(a, b) -> bool:
 
 
 def keep_layout(wrapped, instance, args, kwargs):
+    """Wraps the worker's ``wake_up``: notes the expert Parameters before the call and, after it (also when
+    it raises), puts back every one the call replaced by a re-laid view of the same storage -- the objects,
+    hence their layout and attributes, are the ones slept with. A Parameter replaced by a tensor of other
+    storage is left as the call made it.
+
+    vllm-ascend PR #13012 (0.26.0rc1) removes the re-layout; ms-swift 4.5+ carries the same repair as this
+    module for its own runs (``swift/model/npu_patch/vllm_ascend_moe.py``).
+    """
     tags = call_args.arg(wrapped, args, kwargs, "tags")
     model = getattr(getattr(instance, "model_runner", None), "model", None)
     if model is None or (tags is not None and "weights" not in tags):

@@ -1,42 +1,14 @@
 """A trainer's weight push through vLLM's own reload path, so what vLLM derives from the weights follows them.
 
-vLLM finishes a model load with ``process_weights_after_loading``: quantized layers quantize or
-repack their weights, MoE layers put the experts in their kernel's layout (FlashInfer CUTLASS swaps
-``w13`` to ``w31``, TRT-LLM blocks it: vllm#42821), and MLA attention (DeepSeek-V2/V3,
-``model_executor/layers/attention/mla_attention.py``) derives ``W_UK_T`` / ``W_UV`` from
-``kv_b_proj`` -- its own copies where ``kv_b_proj`` is quantized (a view of the weight where it is
-not). A raw ``model.load_weights([(name, tensor)])`` -- the colocated push of TRL (``VLLMGeneration.
-sync_weights``, ``OnlineDPOTrainer._move_model_to_vllm``, the 0.x trainers' ``_move_model_to_vllm``)
--- writes the checkpoint-format tensor and runs none of it: decode keeps multiplying by the initial
-checkpoint's matrices (after a level-2 sleep, by whatever the re-mapped pages hold).
-
-vLLM's own path for new weights in checkpoint format is ``GPUModelRunner.reload_weights(
-weights_iterator=..., is_checkpoint_format=True)`` (vLLM 0.16.0+, read in the 0.16.0, 0.20.0, 0.24.0 and
-0.33.0 wheels; 0.15.1 has only a disk ``reload_weights()``): ``initialize_layerwise_reload(model)``,
-``model.load_weights(...)``, ``finalize_layerwise_reload(model, model_config)``. It must run ONCE
-per push: a reload per tensor (or per chunk) finalizes every layer the chunk did not complete
-(SkyRL#1680 / #1737). The trainer's push calls ``model.load_weights`` once per tensor, inside its own
-gather / merge contexts, so its tensors cannot be handed over as one iterator; :func:`session` opens
-the reload around the whole push instead -- what vLLM's ``Worker.start_weight_update`` /
-``update_weights`` / ``finish_weight_update`` do for chunked updates (0.24). The encoder and
-multi-modal cache reset that 0.24's ``reload_weights`` adds after the finalize is left to
-``trl-vlm-encoder-cache`` (``shim.vllm.weights.caches``), which already follows these pushes and has its own
-switch.
-
-The finalize assigns what ``process_weights_after_loading`` derives as NEW tensors (``self.W_UV =
-...``), made outside the sleep pool (the reload runs outside ``use_memory_pool``), at addresses no
-captured CUDA graph knows: vLLM keeps the storage of parameters and buffers
-(``_copy_and_restore_kernel_tensors``), not that of plain attributes. :func:`session` copies each
-re-derived plain attribute into the storage it had before the push -- inside the weights pool,
-where the CUDA graphs point -- and puts that tensor back (0.33 does the same for MLA with
-``replace_parameter``). One that changed shape or dtype stays new (one DEBUG line).
-
-Before 0.16 (no layerwise reload), or where vLLM's ``initialize_layerwise_reload`` fails: the push runs
-as it is, then every attention layer whose own parameters or ``kv_b_proj`` it wrote re-runs its
-``process_weights_after_loading``, called with the signature the installed class has (:func:`_reprocess`:
-``(act_dtype)`` up to 0.33, no argument from 0.34). MLA re-derives, a plain ``Attention`` its KV-cache scales
-(its quant method first, as vLLM's reload); the quantized / repacked linear and
-MoE layers cannot be redone without the layerwise reload. The same copy-back follows.
+vLLM finishes a model load with ``process_weights_after_loading``: quantized layers quantize or repack their
+weights, MoE layers put the experts in their kernel's layout (FlashInfer CUTLASS swaps ``w13`` to ``w31``,
+TRT-LLM blocks it: vllm#42821), and MLA attention (DeepSeek-V2/V3,
+``model_executor/layers/attention/mla_attention.py``) derives ``W_UK_T`` / ``W_UV`` from ``kv_b_proj`` -- its
+own copies where ``kv_b_proj`` is quantized (a view of the weight where it is not). A raw
+``model.load_weights([(name, tensor)])`` -- the colocated push of TRL (``VLLMGeneration.sync_weights``,
+``OnlineDPOTrainer._move_model_to_vllm``, the 0.x trainers' ``_move_model_to_vllm``) -- writes the
+checkpoint-format tensor and runs none of it: decode keeps multiplying by the initial checkpoint's matrices
+(after a level-2 sleep, by whatever the re-mapped pages hold). :func:`session` wraps one push in vLLM's reload.
 """
 from __future__ import annotations
 
@@ -124,7 +96,16 @@ def _same_layout(a, b) -> bool:
 
 
 def _put_back(snapshot) -> int:
-    """Re-derived plain attributes copied into their old storage; returns how many stayed new."""
+    """Re-derived plain attributes copied into their old storage; returns how many stayed new.
+
+    The finalize assigns what ``process_weights_after_loading`` derives as NEW tensors (``self.W_UV =
+    ...``), made outside the sleep pool (the reload runs outside ``use_memory_pool``), at addresses no
+    captured CUDA graph knows: vLLM keeps the storage of parameters and buffers
+    (``_copy_and_restore_kernel_tensors``), not that of plain attributes. :func:`session` copies each
+    re-derived plain attribute into the storage it had before the push -- inside the weights pool,
+    where the CUDA graphs point -- and puts that tensor back (0.33 does the same for MLA with
+    ``replace_parameter``). One that changed shape or dtype stays new (one DEBUG line).
+    """
     import torch
 
     moved = 0
@@ -143,7 +124,15 @@ def _put_back(snapshot) -> int:
 
 
 def _touched_attention(model, written: set) -> list:
-    """Attention layers whose own parameters or ``kv_b_proj`` (on the layer or its ``impl``) were written."""
+    """Attention layers whose own parameters or ``kv_b_proj`` (on the layer or its ``impl``) were written.
+
+    Before 0.16 (no layerwise reload), or where vLLM's ``initialize_layerwise_reload`` fails: the push runs
+    as it is, then every attention layer whose own parameters or ``kv_b_proj`` it wrote re-runs its
+    ``process_weights_after_loading``, called with the signature the installed class has (:func:`_reprocess`:
+    ``(act_dtype)`` up to 0.33, no argument from 0.34). MLA re-derives, a plain ``Attention`` its KV-cache scales
+    (its quant method first, as vLLM's reload); the quantized / repacked linear and
+    MoE layers cannot be redone without the layerwise reload. The same copy-back follows (:func:`_put_back`).
+    """
     classes = tensors.attention_classes()
     out = []
     for module in model.modules() if classes else ():
@@ -238,7 +227,21 @@ def session(llm):
     cap lifted as vLLM's own reload does; 0.16+: the layerwise pair) or, before it, the touched attention
     layers re-processed; re-derived plain attributes back in their old storage. Where the
     engine cannot be reached, a session is already open on it, or the model derives nothing from its
-    weights (:func:`needs_reprocess`: a dense unquantized model), the push runs as it is."""
+    weights (:func:`needs_reprocess`: a dense unquantized model), the push runs as it is.
+
+    vLLM's own path for new weights in checkpoint format is ``GPUModelRunner.reload_weights(
+    weights_iterator=..., is_checkpoint_format=True)`` (vLLM 0.16.0+, read in the 0.16.0, 0.20.0, 0.24.0 and
+    0.33.0 wheels; 0.15.1 has only a disk ``reload_weights()``): ``initialize_layerwise_reload(model)``,
+    ``model.load_weights(...)``, ``finalize_layerwise_reload(model, model_config)``. It must run ONCE
+    per push: a reload per tensor (or per chunk) finalizes every layer the chunk did not complete
+    (SkyRL#1680 / #1737). The trainer's push calls ``model.load_weights`` once per tensor, inside its own
+    gather / merge contexts, so its tensors cannot be handed over as one iterator; this opens
+    the reload around the whole push instead -- what vLLM's ``Worker.start_weight_update`` /
+    ``update_weights`` / ``finish_weight_update`` do for chunked updates (0.24). The encoder and
+    multi-modal cache reset that 0.24's ``reload_weights`` adds after the finalize is left to
+    ``trl-vlm-encoder-cache`` (``shim.vllm.weights.caches``), which already follows these pushes and has its own
+    switch.
+    """
     runner = runner_of(llm)
     model = getattr(runner, "model", None)
     if model is None or vars(model).get(IN_SESSION) or not needs_reprocess(model):
