@@ -35,9 +35,16 @@ def verify(llm, target, mode: str) -> "list | None":
     names = target.mapped if exact else compare.window(target.mapped, target.checks)
     spec = None if exact else compare.sample(target.checks, len(target.mapped))
     target.checks += 1
-    results = transport.run_on_workers(llm, {"names": names, "sample": spec})
+    adapter = getattr(target.params, "adapter", None)  # vLLM's own LoRA: the adapter in its LoRA manager too
+    request = {"names": names, "sample": spec, **({"lora": {"id": None}} if adapter is not None else {})}
+    results = transport.run_on_workers(llm, request)
     target.stale_pairs = set()
-    return compare.compare(results, target.descs, names, target.params, spec, target.views, target.stale_pairs)
+    differ = compare.compare(results, target.descs, names, target.params, spec, target.views, target.stale_pairs)
+    if adapter is not None:
+        from shim.verify import lora
+
+        differ += lora.compare(results, adapter())
+    return differ
 
 
 def _prepare(llm, target, model, mode: str) -> bool:
@@ -80,8 +87,9 @@ def _prepare(llm, target, model, mode: str) -> bool:
         per = min(compare.TENSORS, len(good))
         what = (f"{per} tensors per check (~{compare.ELEMENTS} elements each, strided rows), rotating: each "
                 f"within {math.ceil(len(good) / per)} consecutive checks")
-    log.info(f"verify-weights {name} ({target.site}): comparing {len(good)} of {total} engine tensors with the "
-             f"trainer's before each generate ({mode}: {what}; exact digests on the device; "
+    lora = " and the LoRA adapter in vLLM's LoRA manager (every tensor)" if hasattr(params, "adapter") else ""
+    log.info(f"verify-weights {name} ({target.site}): comparing {len(good)} of {total} engine tensors{lora} with "
+             f"the trainer's before each generate ({mode}: {what}; exact digests on the device; "
              f"{len(target.descs)} worker(s), {transport.where(llm)})")
     return True
 

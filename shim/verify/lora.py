@@ -1,0 +1,134 @@
+"""A LoRA adapter in vLLM's own LoRA manager, compared with the adapter the trainer pushed.
+
+With vLLM's LoRA on (ms-swift ``--vllm_enable_lora``, verl's adapter updates) a push hands the adapter tensors
+to ``add_lora`` (a ``TensorLoRARequest``): ``LoRAModel.from_lora_tensors`` parses each PEFT name to its module,
+stores ``lora_a`` / ``lora_b`` on the CPU in ``lora_dtype`` (vLLM 0.10.2: transposed) and ``optimize()`` folds
+the scaling into ``lora_b`` (``lora_b *= scaling``, ``lora_alpha / r`` or ``/ sqrt(r)``); packed modules
+(``qkv_proj``) keep one tensor per packed module. The manager (``model.lora_manager``, set by
+``LoRAModelManager.__init__``) keeps the registered ``LoRAModel`` objects.
+
+Engine side (:func:`engine_digests`, on each worker): the digests of every ``lora_a`` / ``lora_b`` of one
+adapter (an id, or the most recently registered), by ``<module>.lora_a`` name. Trainer side (:func:`compare`):
+the same tensors made from what the trainer pushed, as vLLM makes them (dtype, orientation by shape -- a square
+one as vLLM 0.10.2 stores it --, the scaling folded in on the CPU), digested the same way. Adapters are small:
+every tensor at every check, whatever the mode. An engine adapter without a module (or no adapter at all) where
+the trainer's adapter adds nothing there (``lora_B`` zero, PEFT's initialisation) is equal: the engine computes
+with the base the trainer has.
+"""
+from __future__ import annotations
+
+
+class NoManager(LookupError):
+    """The engine has no LoRA manager (vLLM's LoRA off): the adapter cannot be compared."""
+
+
+def _adapters(manager) -> dict:
+    """``{id: LoRAModel}`` of ``manager``, least recently registered or used first."""
+    listed = getattr(manager, "list_adapters", None)
+    return dict(listed()) if callable(listed) else dict(getattr(manager, "_registered_adapters", {}) or {})
+
+
+def engine_tensors(manager, lora) -> dict:
+    """``{"<module>.lora_a": tensor, "<module>.lora_b": tensor}`` of one ``LoRAModel``; a packed module
+    (``PackedLoRALayerWeights``: a list per kind) under the names of the modules it packs."""
+    packed = getattr(manager, "packed_modules_mapping", None) or {}
+    out = {}
+    for module, weights in lora.loras.items():
+        a, b = weights.lora_a, weights.lora_b
+        if isinstance(a, (list, tuple)):
+            head, _, leaf = module.rpartition(".")
+            parts = packed.get(leaf) or [f"{leaf}[{i}]" for i in range(len(a))]
+            for part, ta, tb in zip(parts, a, b):
+                name = f"{head}.{part}" if head else part
+                if ta is not None:
+                    out[f"{name}.lora_a"] = ta
+                if tb is not None:
+                    out[f"{name}.lora_b"] = tb
+            continue
+        out[f"{module}.lora_a"], out[f"{module}.lora_b"] = a, b
+    return out
+
+
+def engine_digests(model, request: dict) -> dict:
+    """Run on one worker: the adapter ``request["id"]`` (None: the most recently registered) of the model's LoRA
+    manager: ``{"id", "ids", "tensors": {name: [shape, dtype]}, "digests": {name: digest}}``; ``{"id": None}``
+    where none is registered."""
+    from shim.verify import digest
+
+    manager = getattr(model, "lora_manager", None)
+    if manager is None:
+        raise NoManager(f"{type(model).__name__} has no LoRA manager (vLLM's LoRA off?): the adapter the trainer "
+                        "pushes to vLLM's LoRA cannot be compared")
+    adapters = _adapters(manager)
+    want = request.get("id")
+    lora_id = want if want is not None else (list(adapters)[-1] if adapters else None)
+    lora = adapters.get(lora_id) if lora_id is not None else None
+    out = {"id": lora_id if lora is not None else None, "ids": sorted(adapters)}
+    if lora is None:
+        return out
+    tensors = {n: t for n, t in engine_tensors(manager, lora).items() if t is not None}
+    names = sorted(tensors)
+    out["tensors"] = {n: [list(tensors[n].shape), str(tensors[n].dtype).replace("torch.", "")] for n in names}
+    out["digests"] = dict(zip(names, digest.digests([tensors[n].detach() for n in names])))
+    return out
+
+
+def expected(kind: str, tensor, shape: list, dtype: str, scaling: float):
+    """What vLLM stores for a pushed PEFT tensor (``lora_A``: ``[r, in]``, ``lora_B``: ``[out, r]``): in the
+    engine's ``dtype`` on the CPU, transposed where its shape says so, ``lora_b`` times ``scaling``."""
+    import torch
+
+    x = tensor.detach().to(device="cpu", dtype=getattr(torch, dtype))
+    if list(x.shape) != shape or (x.dim() == 2 and x.shape[0] == x.shape[1]):
+        x = x.t()
+    if list(x.shape) != shape:
+        return None
+    if kind == "lora_b" and scaling != 1:
+        x = x.clone()
+        x *= scaling
+    return x
+
+
+def _no_op(a, b) -> bool:
+    """A module's adapter that adds nothing (``lora_A`` or ``lora_B`` all zero: PEFT initialises ``lora_B`` so)."""
+    return not (bool(a.detach().ne(0).any()) and bool(b.detach().ne(0).any()))
+
+
+def compare(results: list, pushed: dict, tag: str = "LoRA adapter") -> list:
+    """Adapter tensors whose engine digests differ from what ``pushed`` gives (``{module: (lora_A weight,
+    lora_B weight, scaling)}``, the trainer's modules by vLLM module name), on every worker: ``"<module>.lora_b
+    (<tag> <id>)"``; a module pushed that the engine's adapter lacks, or the reverse, is named too."""
+    from shim.verify import digest
+
+    differ = []
+    for r in results:
+        got = r.get("lora") or {}
+        rank = r.get("rank", 0)
+        where = f"{tag} {got.get('id')}{f', tp rank {rank}' if len(results) > 1 or rank else ''}"
+        if got.get("id") is None:
+            if not all(_no_op(a, b) for a, b, _ in pushed.values()):
+                ids = got.get("ids") or []
+                differ.append(f"(no {tag} in vLLM's LoRA manager{f'; it holds {ids}' if ids else ''})")
+            continue
+        tensors, digests = got["tensors"], got["digests"]
+        made, names = [], []
+        for module, (a, b, scaling) in sorted(pushed.items()):
+            for kind, t in (("lora_a", a), ("lora_b", b)):
+                name = f"{module}.{kind}"
+                if name not in tensors:
+                    if not _no_op(a, b):  # a module the adapter leaves out computes with the base alone
+                        differ.append(f"{name} ({where}: pushed, not in the engine's adapter)")
+                    continue
+                x = expected(kind, t, *tensors[name], scaling)
+                if x is None:
+                    differ.append(f"{name} ({where}: shape {tensors[name][0]}, pushed {list(t.shape)})")
+                    continue
+                made.append(x)
+                names.append(name)
+        for name, d in zip(names, digest.digests(made)):
+            if d != digests[name]:
+                differ.append(f"{name} ({where})")
+        pushed_names = {f"{m}.{k}" for m in pushed for k in ("lora_a", "lora_b")}
+        differ += [f"{n} ({where}: in the engine's adapter, not pushed)" for n in sorted(tensors)
+                   if n not in pushed_names]
+    return differ
