@@ -8,7 +8,8 @@ the scaling into ``lora_b`` (``lora_b *= scaling``, ``lora_alpha / r`` or ``/ sq
 ``LoRAModelManager.__init__``) keeps the registered ``LoRAModel`` objects.
 
 Engine side (:func:`engine_digests`, on each worker): the digests of every ``lora_a`` / ``lora_b`` of one
-adapter (an id, or the most recently registered), by ``<module>.lora_a`` name. Trainer side (:func:`compare`):
+adapter (an id, or the most recently registered), by ``<module>.lora_a`` name, and of the device slots it was
+copied into while it is active (:func:`slot_tensors`: a level-2 sleep discards them). Trainer side (:func:`compare`):
 the same tensors made from what the trainer pushed, as vLLM makes them (dtype, orientation by shape -- a square
 one as vLLM 0.10.2 stores it --, the scaling folded in on the CPU), digested the same way. Adapters are small:
 every tensor at every check, whatever the mode. An engine adapter without a module (or no adapter at all) where
@@ -49,6 +50,26 @@ def engine_tensors(manager, lora) -> dict:
     return out
 
 
+def slot_tensors(manager, lora, tensors: dict) -> dict:
+    """The device slots an active adapter was copied into (``activate_adapter`` -> ``set_lora``: ``lora_a_stacked``
+    ``[max_loras, 1, max_rank, in]`` holds ``[r, in]``, ``lora_b_stacked`` ``[max_loras, 1, out, max_rank]`` holds
+    ``[out, r]``), what the forward computes with: ``{"<module>.lora_a@slot<i>": view}`` for the layers of one
+    unsharded slice (``tp_size`` 1, one ``lora_a_stacked``); an adapter not in a slot is copied from the manager's
+    tensors when a request needs it."""
+    index_to_id = list(getattr(manager, "lora_index_to_id", None) or [])
+    if lora.id not in index_to_id:
+        return {}
+    index, rank, out = index_to_id.index(lora.id), int(lora.rank), {}
+    for module, layer in (getattr(manager, "modules", None) or {}).items():
+        stacked_a, stacked_b = getattr(layer, "lora_a_stacked", None), getattr(layer, "lora_b_stacked", None)
+        if (f"{module}.lora_a" not in tensors or not isinstance(stacked_a, (list, tuple)) or len(stacked_a) != 1
+                or not isinstance(stacked_b, (list, tuple)) or int(getattr(layer, "tp_size", 1) or 1) != 1):
+            continue
+        out[f"{module}.lora_a@slot{index}"] = stacked_a[0][index, 0, :rank]
+        out[f"{module}.lora_b@slot{index}"] = stacked_b[0][index, 0, :, :rank]
+    return out
+
+
 def engine_digests(model, request: dict) -> dict:
     """Run on one worker: the adapter ``request["id"]`` (None: the most recently registered) of the model's LoRA
     manager: ``{"id", "ids", "tensors": {name: [shape, dtype]}, "digests": {name: digest}}``; ``{"id": None}``
@@ -67,6 +88,7 @@ def engine_digests(model, request: dict) -> dict:
     if lora is None:
         return out
     tensors = {n: t for n, t in engine_tensors(manager, lora).items() if t is not None}
+    tensors.update(slot_tensors(manager, lora, tensors))
     names = sorted(tensors)
     out["tensors"] = {n: [list(tensors[n].shape), str(tensors[n].dtype).replace("torch.", "")] for n in names}
     out["digests"] = dict(zip(names, digest.digests([tensors[n].detach() for n in names])))
@@ -112,23 +134,24 @@ def compare(results: list, pushed: dict, tag: str = "LoRA adapter") -> list:
             continue
         tensors, digests = got["tensors"], got["digests"]
         made, names = [], []
-        for module, (a, b, scaling) in sorted(pushed.items()):
-            for kind, t in (("lora_a", a), ("lora_b", b)):
-                name = f"{module}.{kind}"
-                if name not in tensors:
-                    if not _no_op(a, b):  # a module the adapter leaves out computes with the base alone
-                        differ.append(f"{name} ({where}: pushed, not in the engine's adapter)")
-                    continue
-                x = expected(kind, t, *tensors[name], scaling)
-                if x is None:
-                    differ.append(f"{name} ({where}: shape {tensors[name][0]}, pushed {list(t.shape)})")
-                    continue
-                made.append(x)
-                names.append(name)
+        for module, (a, b, _) in sorted(pushed.items()):
+            for kind in ("lora_a", "lora_b"):
+                if f"{module}.{kind}" not in tensors and not _no_op(a, b):  # computes with the base alone
+                    differ.append(f"{module}.{kind} ({where}: pushed, not in the engine's adapter)")
+        for name in sorted(tensors):
+            module, kind = name.split("@")[0].rsplit(".", 1)
+            if module not in pushed:
+                differ.append(f"{name} ({where}: in the engine's adapter, not pushed)")
+                continue
+            a, b, scaling = pushed[module]
+            t = a if kind == "lora_a" else b
+            x = expected(kind, t, *tensors[name], scaling)
+            if x is None:
+                differ.append(f"{name} ({where}: shape {tensors[name][0]}, pushed {list(t.shape)})")
+                continue
+            made.append(x)
+            names.append(name)
         for name, d in zip(names, digest.digests(made)):
             if d != digests[name]:
                 differ.append(f"{name} ({where})")
-        pushed_names = {f"{m}.{k}" for m in pushed for k in ("lora_a", "lora_b")}
-        differ += [f"{n} ({where}: in the engine's adapter, not pushed)" for n in sorted(tensors)
-                   if n not in pushed_names]
     return differ

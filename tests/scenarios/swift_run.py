@@ -89,8 +89,9 @@ def parse():
     p.add_argument("--skip-push", default="",
                    help="every push leaves this engine tensor out (the stand-in model's load_weights skips it)")
     p.add_argument("--adapter-fault", default="",
-                   help="with --vllm-lora: drop:<module> (every adapter push leaves that module's lora_A/lora_B out) "
-                        "or stale:<PEFT tensor name> (every adapter push carries that tensor as at the first one)")
+                   help="with --vllm-lora: drop:<module> (every adapter push leaves that module's lora_A/lora_B out), "
+                        "stale:<PEFT tensor name> (every adapter push carries that tensor as at the first one) or "
+                        "slot:<module> (after each push that module's device slot of the adapter is zeroed)")
     p.add_argument("--zero-b", action="store_true",
                    help="with --lora-merge: lora_B initialised to zero (PEFT's default), so the adapter starts a no-op")
     p.add_argument("--probe", action="append", default=[],
@@ -322,10 +323,14 @@ def main():
             tensors = dict(lora_request.lora_tensors)
             if kind == "drop":
                 tensors = {n: t for n, t in tensors.items() if f".{target}.lora_" not in f".{n}"}
-            else:
+            elif kind == "stale":
                 tensors[target] = first.setdefault(target, tensors[target].clone())
             lora_request.lora_tensors = tensors
-            return own_add_lora(self, lora_request)
+            result = own_add_lora(self, lora_request)
+            if kind == "slot":  # the adapter registered and active, its device slot of that module zeroed
+                manager = runner.model.lora_manager
+                manager.modules[target].reset_lora(manager.lora_index_to_id.index(lora_request.lora_int_id))
+            return result
 
         engine_cls.add_lora = faulty_add_lora
     import logging
