@@ -37,7 +37,9 @@ than one bfloat16 rounding from base plus adapter merged out of place (``beyond`
 class the elements the adapter moves (``effect``). ``--vllm-lora``: vLLM's own LoRA on
 (``--vllm_enable_lora true``; adapter on ``q_proj``/``v_proj`` only): the base is pushed once, then
 ``_move_adapter_to_vllm`` pushes the adapter (merging and unmerging around it); ``beyond`` is not
-recorded (the engine's adapter slot is mapped per request, after this observation point).
+recorded (the engine's adapter slot is mapped per request, after this observation point), ``adapter_off``
+is (:func:`adapter_off`); ``--adapter-fault`` injects a fault at the engine's ``add_lora``, ``--zero-b``
+starts ``lora_B`` at zero.
 
 Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
 CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
