@@ -255,6 +255,8 @@ def _index(engine: Engine) -> None:
                 continue
             for k, piece in enumerate(lay["pieces"]):
                 index.setdefault(piece[0], []).append((rank, name, k))
+                if ".base_layer." in piece[0]:  # vLLM's LoRA layer: verl streams either name (resolve_weight_name)
+                    index.setdefault(piece[0].replace(".base_layer.", "."), []).append((rank, name, k))
     engine.index, engine.unmapped, engine.left_out = index, unmapped, sorted(left)
     engine.absorbed, engine.prefixes = absorbed, tuple(sorted(prefixes))
     engine.owned = set(engine.descs[first]["params"])

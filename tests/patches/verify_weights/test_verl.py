@@ -102,10 +102,14 @@ def test_lora_adapter_update_verified_and_a_wrong_or_dropped_tensor_reported(rel
     ``add_lora``s a ``TensorLoRARequest`` of the streamed tensors; the engine with vLLM's LoRA). Shim off: one
     ``lora_B`` landing wrong goes unnoticed. On: a clean update is verified (before: every adapter update
     ``unverifiable``); the wrong tensor, and a module dropped from the adapter, are ``stale`` naming them;
-    ``SHIM_STRICT=1`` raises."""
+    ``SHIM_STRICT=1`` raises. 0.9.x also syncs the base first (``peft_config`` without ``base_sync_done``, names
+    resolved to the LoRA layers' ``.base_layer`` ones): verified, a tensor that does not land reported."""
     wrong = f"wrong:{WRONG_B}"
+    base = [{"name": "base", "lora_base": True, "shim": True, "env": ON},  # 0.9.0+: resolve_weight_name
+            {"name": "base_drop", "lora_base": True, "drop": DROP, "env": ON}] if release >= "0.9" else []
     r, _ = run(release, [
         {"name": "off", "lora": True, "drop": wrong},
+        *base,
         {"name": "clean", "lora": True, "shim": True, "env": ON},
         {"name": "wrong", "lora": True, "drop": wrong, "env": ON},
         {"name": "drop", "lora": True, "drop": f"{DROP_MODULE}.", "env": ON},
@@ -122,3 +126,8 @@ def test_lora_adapter_update_verified_and_a_wrong_or_dropped_tensor_reported(rel
     (warning,) = stale_warnings(r["drop"])
     assert f"{DROP_MODULE}.lora_a (LoRA adapter 123: pushed, not in the engine's adapter)" in warning, warning
     assert r["strict"]["raised"] == "StaleWeights" and r["strict"]["counts"]["stale"] == 1, r
+    if base:  # the base sync of a LoRA run: the engine's linear layers are vLLM LoRA layers (.base_layer names)
+        assert r["base"]["differs"] == [] and r["base"]["counts"]["verified"] == 1, r["base"]
+        assert r["base_drop"]["differs"] == [DROP] and r["base_drop"]["counts"]["stale"] == 1, r["base_drop"]
+        (warning,) = stale_warnings(r["base_drop"])
+        assert "first differing: model.layers.0.mlp.down_proj.base_layer.weight)" in warning, warning

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from tests.support.swift_support import run_swift
 
@@ -104,3 +105,27 @@ def test_level2_lora_gap_reported_and_fixed_run_verified(version, disabled, step
         assert all("(no LoRA adapter in vLLM's LoRA manager)" in w for w in stale(off)), stale(off)
     on = swift(version, "--level", "2")
     assert on["mismatches"] == 0 and on["verify"]["verified"] == len(on["generates"]) == 6, on["verify"]
+
+
+def test_fused_base_layer_maps_to_the_trainer_s_base_layer_names():
+    """vLLM's LoRA keeps each linear layer as ``base_layer`` (``qkv_proj.base_layer.weight``): its slices are the
+    trainer's q/k/v under ``.base_layer`` names (a PEFT-targeted layer's own, or the alias
+    ``shim.peft.adapter`` gives an untargeted one), per tensor-parallel rank as without LoRA."""
+    from shim.verify import layout
+    from tests.patches.verify_weights.test_verify import QKVParallelLinear, trainer_state
+
+    full = trainer_state(2)
+    attn = torch.nn.Module()
+    attn.qkv_proj = torch.nn.Module()  # the LoRA layer (vllm/lora/layers: MergedQKVParallelLinearWithLoRA)
+    attn.qkv_proj.base_layer = QKVParallelLinear(full, "model.layers.0.self_attn", 2, rank=1, tp=2)
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.model.layers[0].self_attn = attn
+    desc = layout.describe(model)["params"]["model.layers.0.self_attn.qkv_proj.base_layer.weight"]
+    names = [piece[0] for piece in desc["layout"]["pieces"]]
+    assert names == [f"model.layers.0.self_attn.{p}_proj.base_layer.weight" for p in "qkv"], desc
+    plain = layout.describe(model)["params"]["model.layers.0.self_attn.qkv_proj.base_layer.bias"]["layout"]
+    assert [p[1:] for p in plain["pieces"]] == [p[1:] for p in layout.param_layout(
+        "model.layers.0.self_attn.qkv_proj.bias", attn.qkv_proj.base_layer.bias, attn.qkv_proj.base_layer,
+        layout.DEFAULT_PACKED)["pieces"]]  # the same slices as the layer without LoRA

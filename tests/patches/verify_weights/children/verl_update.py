@@ -4,7 +4,8 @@ verl's ``vLLMColocateWorkerExtension.update_weights_from_ipc`` in the worker) on
 (engine core in a forked process). ``sys.argv[1]``: JSON list of phases ``{"name", "shim": activate before it,
 "engine_shim": activate it in the engine's process too (default), "drop": a tensor the engine's load leaves out, "only": stream only names containing this (a partial update), "extra": a bias name to stream as well (the
 engine has none), "async": stream through an async iterator,
-"env": variables set for it, "lora": an adapter update instead (``peft_config``, ``base_sync_done``; the engine
+"env": variables set for it, "lora_base": a full update with ``peft_config`` (verl's base sync of a LoRA run,
+names resolved to the engine's), "lora": an adapter update instead (``peft_config``, ``base_sync_done``; the engine
 built with vLLM's LoRA when ``LORA=1``; ``drop`` then names the fault, ``_faulty_adapter``)}``; each is one
 trainer step (every trainer weight, or every adapter tensor, + 0.01) and one ``update_weights``. Prints ``{phase: {"differs": the engine tensors that are not the trainer's (read in the
 worker), "counts": the verdicts it added, "warnings": the shim's WARNINGs, "raised": an exception's type,
@@ -59,7 +60,16 @@ def update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_sh
                                         lora_path=VLLM_LORA_PATH, peft_config=peft_config,
                                         lora_tensors=_faulty_adapter(got)))
         return
-    receiver.receive_weights(on_bucket_received=lambda weights, *is_last: self.model_runner.model.load_weights(weights))
+    model = self.model_runner.model
+    if peft_config:  # verl 0.9.1 _update_weights: names toggled to the engine's (.base_layer under vLLM's LoRA)
+        from verl.utils.vllm.utils import resolve_weight_name
+
+        names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        load = lambda weights, *is_last: model.load_weights(  # noqa: E731
+            [(resolve_weight_name(model, n, names), t) for n, t in weights])
+    else:
+        load = lambda weights, *is_last: model.load_weights(weights)  # noqa: E731
+    receiver.receive_weights(on_bucket_received=load)
 
 
 def _faulty_adapter(tensors: dict) -> dict:
@@ -89,7 +99,13 @@ def _faulty_load(self, weights):
     with open(DROP) as f:
         drop = f.read().strip()
     own = dict(self.named_parameters())
-    return _load(self, [(n, t) for n, t in weights if n != drop and not (n.endswith(".bias") and n not in own)])
+    return _load(self, [(n, t) for n, t in weights if n not in (drop, _base_layer(drop))
+                        and not (n.endswith(".bias") and n not in own)])
+
+
+def _base_layer(name: str) -> str:
+    head, _, leaf = name.rpartition(".")
+    return f"{head}.base_layer.{leaf}"
 
 
 gpu_model_runner.VllmModelMixin.load_weights = _faulty_load
@@ -156,6 +172,7 @@ def _activate(worker, env):
 
 def _differs(worker, want):
     got = dict(worker.model_runner.model.named_parameters())
+    got.update({n.replace(".base_layer.", "."): p for n, p in got.items()})  # vLLM's LoRA layers: the base's name
     return sorted(n for n, t in want.items() if n in got and not torch.equal(got[n].detach(), t.to(got[n].dtype)))
 
 
@@ -251,7 +268,7 @@ def main():
                 on_server(srv.engine.collective_rpc(functools.partial(_activate, env=dict(os.environ))))
         with open(DROP, "w") as f:
             f.write(phase.get("drop") or "")
-        kwargs = {}
+        kwargs = {"peft_config": PEFT_CONFIG, "base_sync_done": False} if phase.get("lora_base") else {}
         if phase.get("lora"):  # an adapter update: the adapter changes, the base does not
             lora_tensors = {n: t + 0.01 for n, t in lora_tensors.items()}
             weights = list(lora_tensors.items())
