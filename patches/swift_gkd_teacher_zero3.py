@@ -6,31 +6,10 @@ Affects:  ms-swift >=3.10.0,<4.0.0 (swift.llm.train.rlhf) and >=4.0.0 (-4x, swif
           with --teacher_deepspeed zero3 and a --deepspeed that is not ZeRO-3 (zero0/1/2, none)
 Remove:   when ms-swift loads a ZeRO-3 teacher under its own config (the probe sees it)
 
-``SwiftRLHF._prepare_single_model('teacher', ...)`` loads the teacher under
-transformers' process-global DeepSpeed config, which is the student's. A ZeRO-2
-student therefore loads the whole teacher onto every rank (``device_map=cuda:N``);
-``teacher_deepspeed zero3`` partitions it only afterwards, in ``prepare_deepspeed``.
-The shim wraps ``_prepare_single_model`` (the class attribute of the concrete
-module, 3.10.x ``swift.llm.train.rlhf``, 4.x ``swift.pipelines.train.rlhf``) with
-``shim.swift.teacher.load_wrapper`` and, for the teacher only:
-
-1. preflight, before anything of the teacher is read but its ``config.json``:
-   parameters x dtype bytes, per rank under the placement the load will really use
-   (whole model, or /world_size when partitioned; 0 on the device with ZeRO-3
-   parameter offload), against the device's free memory
-   (``shim.deepspeed.teacher``). Too big: ONE ``TeacherWontFit`` error naming the
-   numbers and the fixes. It runs whether or not step 2 applies, so the user is
-   told about a teacher that cannot fit even partitioned;
-2. when the teacher's config is ZeRO-3 and the global one is not: the load runs
-   under a temporary ZeRO-3 ``HfTrainerDeepSpeedConfig`` from the teacher's config
-   ("auto" values from the student's ``training_args``), so ``from_pretrained``
-   partitions it under ``zero.Init`` with no per-rank ``device_map`` (ms-swift's
-   ``get_default_device_map`` returns None under ZeRO-3); the student's global is
-   restored right after, even on error.
-
-Stands down (probe, on the code of ``_prepare_single_model``) where it already
-builds a DeepSpeed config or ``zero.Init`` context for the teacher itself, or
-where the code no longer has the shape above.
+``SwiftRLHF._prepare_single_model('teacher', ...)`` loads the teacher under transformers' process-global
+DeepSpeed config, which is the student's: a ZeRO-2 student loads the whole teacher onto every rank
+(``device_map=cuda:N``), and ``--teacher_deepspeed zero3`` partitions it only afterwards, in
+``prepare_deepspeed``. ``shim.swift.teacher.load_wrapper`` loads it partitioned (the record says how).
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed, params, source
@@ -76,8 +55,22 @@ PATCH_3_10 = Patch(
     probe=_probe,
     summary="GKD teacher with --teacher_deepspeed zero3 loads partitioned (zero.Init) under a non-ZeRO-3 "
             "student; memory preflight from config.json fails fast",
-    verified="CPU: real ms-swift 3.10.0/3.10.1/4.6.0 SwiftRLHF, deepspeed 0.19.8: ZeRO-3 on during the "
-             "teacher load with the shim, off without; 235B-A22B-shaped config on 8x80 GB fails fast",
+    verified=("CPU: real ms-swift 3.10.0/3.10.1/4.6.0 `SwiftRLHF` and deepspeed 0.19.8: ZeRO-3 on during the "
+              "teacher load with the shim, off without (asserted), student config restored; Qwen3-VL-235B-A22B / "
+              "Qwen3-235B-A22B configs with no weights on 8 x 80 GB under a ZeRO-2 student fail fast with only "
+              "`config.json` opened; a small teacher passes"),
+    changes=("`SwiftRLHF._prepare_single_model` for the teacher: a preflight from `config.json` only (parameters x "
+             "dtype bytes per rank under the real placement vs free device memory) stops a teacher that cannot fit "
+             "with one error giving the numbers and fixes, before any weight is read; the teacher then loads under "
+             "a temporary ZeRO-3 config built from `--teacher_deepspeed` (\"auto\" values from the student's "
+             "training arguments), so it is partitioned as it loads (`zero.Init`, no per-rank `device_map`); the "
+             "student's config is restored right after. Stands down where ms-swift builds its own DeepSpeed config "
+             "for the teacher The preflight (`shim.deepspeed.teacher`) counts 0 bytes on the device with ZeRO-3 "
+             "parameter offload and runs whether or not the ZeRO-3 load applies, so a teacher that cannot fit even "
+             "partitioned is told (`TeacherWontFit`); under ZeRO-3 ms-swift's `get_default_device_map` returns "
+             "None; the student's global config is restored even on error. The probe reads `_prepare_single_model` "
+             "(the class attribute of the concrete module) and stands down where it builds a DeepSpeed config or "
+             "`zero.Init` context for the teacher itself or no longer has the shape above."),
 )
 PATCH_4 = PATCH_3_10.like(id=ID + "-4x", affected=">=4.0.0", module="swift.pipelines.train.rlhf",
                           tested_at=("swift", "4.6.0"))

@@ -1,35 +1,15 @@
 """ms-swift 4.x ``offload_context`` loads models onto the device that it never moved off it (GKD: every 4.x release).
 
 Upstream: modelscope/ms-swift#10109 (PR, merged: reload only the models offload_context moved; fixed GRPOTrainer in
-          4.6.0, not GKDTrainer) and #9793 (PR, merged in 4.5.0: the same reload of a CPU-resident FSDP2 model at
-          vLLM's construction, worked around by skipping offload_context there for FSDP2 only)
+          4.6.0, not GKDTrainer) and #9793 (PR, merged in 4.5.0: skips that context for FSDP2 only)
 Affects:  ms-swift >=4.0.0 GKDTrainer.offload_context (4.6.0 included), >=4.0.0,<4.6.0 GRPOTrainer.offload_context,
-          with --offload_model true (colocate vLLM): at vLLM's construction (prepare_rollout, before
-          accelerator.prepare) whenever the student / policy is still on the CPU there: FSDP2 in 4.0.0-4.4.x
-          (device_map None; 4.5.0 skips that context for FSDP2), DeepSpeed ZeRO-2 as #10109 reports it (ms-swift's
-          own loader puts a ZeRO-2 model on cuda:LOCAL_RANK: a CPU load is the user's or a loader's choice);
-          inferred, not run: every rollout where the model stays on the CPU (FSDP2 with CPU offload)
+          with --offload_model true (colocate vLLM), whenever the student / policy is still on the CPU there
 Remove:   when ms-swift's GKDTrainer.offload_context reloads only what it moved and the shim's minimum supported
           ms-swift has it
 
-``offload_context`` (a ``contextlib`` context manager) calls ``self.offload_model(model)`` on entry and
-``self.load_model(model)`` on exit for the trained model (GRPO: and the reference model) whatever the
-offload did. ``load_model`` moves every parameter and CPU buffer to ``get_current_device()`` (FSDP2:
-``model.to(device)``). The first ``offload_context`` is the one around vLLM's construction in
-``RolloutTrainerMixin._prepare_vllm`` (``GKDTrainer.__init__`` -> ``prepare_rollout``), which runs before
-``accelerator.prepare``: a model that is still on the CPU there (nothing to offload) is loaded WHOLE onto
-one device on the way out, right after vLLM took its share of it -- where the model is sized for sharding
-(FSDP2) or does not fit beside vLLM, an out-of-memory at start-up. 4.5.0 (#9793) skips that one context
-for FSDP2 only; 4.6.0 (#10109) makes ``offload_model`` return whether anything moved and has
-``GRPOTrainer.offload_context`` reload only those models; ``GKDTrainer.offload_context`` is unchanged in
-4.6.0 (read in the wheels: the same source in 4.2.0-4.6.0, 4.0.x-4.1.x differ in comments only).
-
-The shim does what 4.6.0's GRPO does, for the models the context itself offloads: while the context
-enters, each ``offload_model(model)`` call is watched and the model counts as moved where one of its
-tensors (parameters, ZeRO-3 partitions, buffers) is no longer where it was; on exit ``load_model`` runs
-for those models only. Everything else (the optimizer, the order, FSDP2's own path) stays ms-swift's.
-A probe stands a record down where ``offload_context`` already reloads according to what
-``offload_model`` moved (4.6.0's GRPOTrainer).
+``offload_context`` calls ``load_model`` on exit whatever its ``offload_model`` did: a model still on the CPU
+at vLLM's construction (before ``accelerator.prepare``) is loaded WHOLE onto one device right after vLLM took
+its share: an out-of-memory at start-up where the model is sized for sharding (FSDP2) or does not fit beside vLLM.
 """
 from shim.engine.patch import FIX, Patch
 from shim.engine.probes import changed, missing, params, source
@@ -87,9 +67,38 @@ PATCH_GKD = Patch(
     probe=probe_gkd,
     summary="GKDTrainer.offload_context loads back only the models its offload moved off the device (as 4.6.0's "
             "GRPOTrainer): a student still on the CPU at vLLM's construction is not loaded whole onto one device",
-    verified="CPU: real ms-swift 4.6.0 and 4.5.3 GKDTrainer._prepare_vllm (offload_context, engine build, first "
-             "sleep) with the student on the CPU, and a rollout's offload_context with it on the device, on the vLLM "
-             "stand-in with CUDA's Tensor.to semantics",
+    verified=("CPU: real ms-swift 4.6.0 `GKDTrainer` and 4.5.3 `GKDTrainer` / `GRPOTrainer` (built without "
+              "`__init__`, their own `GKDConfig` / `GRPOConfig`), `_prepare_rollout_params` + `_prepare_vllm` on "
+              "the stand-in with the trained model on the CPU and CUDA's `Tensor.to` semantics for the stand-in's "
+              "GPU (`tests/support/residency.py`): without the shim every byte of the student / policy is on the "
+              "device after the construction (asserted, 4.6.0 and 4.5.3); with it none, and a reference model that "
+              "was on the device is offloaded and back (per model); around a rollout (model on the device) both "
+              "runs offload and reload it. 4.6.0 `GRPOTrainer`: stands down by version and by probe. 4.6.0's "
+              "`offload_model` reads `tensor.device.type` (always 'cpu' on a CPU torch), so the rollout-time and "
+              "reference-model cases run on 4.5.3 only"),
+    changes=("`offload_context` (4.x `GKDTrainer`, every release to 4.6.0; `GRPOTrainer` 4.0.0-4.5.3): on exit "
+             "`load_model` runs only for the models that the context's own `offload_model` calls moved (a tensor "
+             "of the model somewhere else afterwards: another device or another storage), as 4.6.0's `GRPOTrainer` "
+             "does from `offload_model`'s return value. Without it the context around vLLM's construction "
+             "(`_prepare_vllm`, before `accelerator.prepare`) loads a model that was still on the CPU whole onto "
+             "one device (#10109: DeepSpeed ZeRO-2; #9793: FSDP2 in 4.0-4.4, where 4.5.0 skips the context for "
+             "FSDP2 only). A model whose tensors cannot be read counts as moved (upstream's reload); the optimizer "
+             "is left to ms-swift. Stands down by probe where `offload_context` reloads on `offload_model`'s "
+             "result (4.6.0 `GRPOTrainer`) When the model is still on the CPU there: FSDP2 in 4.0.0-4.4.x "
+             "(device_map None; 4.5.0 skips that context for FSDP2), DeepSpeed ZeRO-2 as #10109 reports it "
+             "(ms-swift's own loader puts a ZeRO-2 model on cuda:LOCAL_RANK: a CPU load is the user's or a "
+             "loader's choice); inferred, not run: every rollout where the model stays on the CPU (FSDP2 with CPU "
+             "offload). Upstream, read in the wheels: `offload_context` (a `contextlib` context manager) calls "
+             "`self.offload_model(model)` on entry and `self.load_model(model)` on exit for the trained model "
+             "(GRPO: and the reference model); `load_model` moves every parameter and CPU buffer to "
+             "`get_current_device()` (FSDP2: `model.to(device)`); the first `offload_context` is the one around "
+             "vLLM's construction in `RolloutTrainerMixin._prepare_vllm` (`GKDTrainer.__init__` -> "
+             "`prepare_rollout`); 4.6.0 (#10109) makes `offload_model` return whether anything moved and has "
+             "`GRPOTrainer.offload_context` reload only those models; `GKDTrainer.offload_context` is unchanged in "
+             "4.6.0 (the same source in 4.2.0-4.6.0, 4.0.x-4.1.x differ in comments only). While the context "
+             "enters, each `offload_model(model)` call is watched (the model counts as moved where one of its "
+             "tensors -- parameters, ZeRO-3 partitions, buffers -- is no longer where it was); everything else "
+             "(the optimizer, the order, FSDP2's own path) stays ms-swift's."),
 )
 
 PATCH_GRPO = Patch(
@@ -104,8 +113,8 @@ PATCH_GRPO = Patch(
     apply=_apply_to("GRPOTrainer", "swift-grpo-offload-reload"),
     probe=probe_grpo,
     summary="GRPOTrainer.offload_context loads back only the models its offload moved off the device (as 4.6.0)",
-    verified="CPU: real ms-swift 4.5.3 GRPOTrainer._prepare_vllm with the policy on the CPU, on the vLLM stand-in; "
-             "4.6.0 stands down by probe",
+    changes=PATCH_GKD.changes,
+    verified=PATCH_GKD.verified,
 )
 
 PATCHES = [PATCH_GKD, PATCH_GRPO]

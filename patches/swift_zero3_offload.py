@@ -6,34 +6,10 @@ Affects:  ms-swift >=3.5.1,<3.12.3 with --deepspeed zero3 and --offload_model tr
           3.10.0-3.12.2: RolloutTrainerMixin.offload_model/load_model, GRPO and GKD)
 Remove:   when the shim's minimum supported ms-swift is >=3.12.3
 
-``offload_model(model)`` moves every ``param.data`` to the CPU and ``load_model(model)``
-moves it back to ``get_current_device()``. Under ZeRO-3 a parameter's ``param.data`` is
-an empty tensor: the rank's share of the weights is the partition ``param.ds_tensor``,
-which stays on the device. So the offload around vLLM's construction (``offload_context``
-in ``_prepare_vllm``, 3.5.1-3.9.x ``GRPOTrainer.__init__``) and around every rollout frees
-~0 bytes of the model, and vLLM's start-up check (free memory >= ``gpu_memory_utilization``
-x total) fails, or the KV cache gets less than planned. 4.0.0 and 3.12.3 move
-``param.ds_tensor.data`` to the CPU for ZeRO-3 parameters (then ``torch.cuda.empty_cache()``)
-and back to ``get_current_device()`` in ``load_model``.
-
-The shim does the same after ms-swift's own loop (which still moves ``param.data``, as in
-every 3.x release): each ZeRO-3 partition to the CPU and the caching allocator emptied; at
-load, each partition it moved back to the device ms-swift's ``load_model`` uses (its module's
-``get_current_device``). Two differences from 4.0.0, both for partitions whose move would
-free nothing: a partition already on the host (ZeRO-3 ``offload_param``) stays where
-DeepSpeed keeps it (4.0.0 would load it onto the GPU), and a partition that is a view into
-the ZeRO-3 optimizer's flat ``lp_param_buffer`` (the trained model once ``train()`` built the
-DeepSpeed engine) is not copied: the buffer keeps the device memory, and the copy that
-4.0.0's ``load_model`` makes would hold the partitions a second time on the device until the
-next optimizer step re-points them into the buffer (read in deepspeed 0.19.8
-``stage3.py`` ``_create_fp16_partitions_with_defragmentation`` / ``_unflatten_partitioned_parameters``,
-and run on its CPU build). So what the offload frees is every ZeRO-3 model without an
-optimizer: the model at vLLM's construction (the issue's OOM), the reference model and the
-GKD teacher; the trained model's partitions during training stay (4.0.0 frees them neither).
-Models without ZeRO-3 parameters, and FSDP2 (3.12.x), are left to ms-swift unchanged. Both
-records stand down by probe where ``offload_model`` already moves ``ds_tensor``. 3.2.1-3.5.0
-have the same gap in another shape (``offload_model(self)`` moves modules with
-``module.to('cpu')``): not patched (out of range).
+``offload_model`` moves every ``param.data`` to the CPU, but under ZeRO-3 that is an empty tensor: the rank's
+share is the partition ``param.ds_tensor``, which stays on the device. The offload around vLLM's construction
+frees ~0 bytes of the model and vLLM's start-up check (free memory >= ``gpu_memory_utilization`` x total)
+fails, or the KV cache gets less than planned.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed, method, params, source
@@ -105,10 +81,34 @@ PATCH = Patch(
     module="swift.trainers.rlhf_trainer.rollout_mixin",
     apply=_apply_to("RolloutTrainerMixin"),
     probe=probe,
-    verified="CPU: real ms-swift 3.10.1 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in: vLLM's start-up "
-             "check fails without the shim (partitions still on the device), passes with it; 3.12.3 stands down "
-             "by probe",
     **_COMMON,
+    verified=("CPU: real ms-swift 3.10.1 and 3.9.3 `GRPOTrainer` vLLM construction (`offload_context`, engine "
+              "build, first sleep) with the model loaded under ZeRO-3 by deepspeed 0.19.8 (CPU build), its "
+              "partitions device memory of the stand-in's GPU (`tests/support/residency.py`, half of it), "
+              "`vllm_gpu_memory_utilization=0.6`: without the shim every partition byte is still on the device at "
+              "the build and vLLM's start-up check fails (asserted, 3.10.1); with it 0 bytes at the build, the "
+              "engine starts, all partitions back on the device afterwards with identical values; once the "
+              "DeepSpeed engine (ZeRO-3 optimizer, SGD) exists, the offload around a rollout leaves the device as "
+              "it was (4.0.0's copy would hold the partitions twice). 3.12.3 (upstream's fix): the probe alone "
+              "(range widened) stands it down, nothing wrapped; upstream's fix passes the same observation, and "
+              "holds the partitions twice after the rollout offload (asserted)"),
+    changes=("`offload_model` / `load_model`: after ms-swift's own loop (which moves only `param.data`, an empty "
+             "tensor under ZeRO-3), each ZeRO-3 partition (`param.ds_tensor`) goes to the CPU (then `empty_cache`) "
+             "and back to ms-swift's `get_current_device()` on load, as 4.0.0 / 3.12.3 do. Without it the offload "
+             "around vLLM's construction frees ~0 bytes of the model and vLLM's start-up check fails (or the KV "
+             "cache shrinks). Stands down by probe where `offload_model` already moves `ds_tensor`; models without "
+             "ZeRO-3 parameters and FSDP2 are left to ms-swift. Limit (4.0.0's too): once DeepSpeed's ZeRO-3 "
+             "optimizer exists, the trained model's partitions are views of its flat buffer, which keeps the "
+             "memory; reference model, GKD teacher and the model at vLLM's construction are freed Two differences "
+             "from 4.0.0, both for partitions whose move would free nothing: a partition already on the host "
+             "(ZeRO-3 `offload_param`) stays where DeepSpeed keeps it (4.0.0 would load it onto the GPU), and a "
+             "partition that is a view into the ZeRO-3 optimizer's flat `lp_param_buffer` is not copied: the copy "
+             "that 4.0.0's `load_model` makes would hold the partitions a second time on the device until the next "
+             "optimizer step re-points them into the buffer (read in deepspeed 0.19.8 `stage3.py` "
+             "`_create_fp16_partitions_with_defragmentation` / `_unflatten_partitioned_parameters`, and run on its "
+             "CPU build). At load each partition the shim moved goes back to the device ms-swift's `load_model` "
+             "uses (its module's `get_current_device`). 3.2.1-3.5.0 have the same gap in another shape "
+             "(`offload_model(self)` moves modules with `module.to('cpu')`): not patched (out of range)."),
 )
 
 PATCH_GRPO = Patch(
@@ -118,8 +118,9 @@ PATCH_GRPO = Patch(
     module="swift.trainers.rlhf_trainer.grpo_trainer",
     apply=_apply_to("GRPOTrainer"),
     probe=probe_grpo,
-    verified="CPU: real ms-swift 3.9.3 GRPOTrainer, deepspeed 0.19.8 ZeRO-3, vLLM stand-in",
     **_COMMON,
+    changes=PATCH.changes,
+    verified=PATCH.verified,
 )
 
 PATCHES = [PATCH, PATCH_GRPO]

@@ -5,15 +5,10 @@ Upstream: huggingface/trl, no issue filed (found by reading the code; the test r
 Affects:  trl >=0.25.0,<1.0.0 experimental GOLDTrainer with vllm_mode="colocate", vllm_enable_sleep_mode=True
 Remove:   when the shim's minimum supported trl is >=1.0.0
 
-GOLD keeps its own ``self.vllm_engine``, sleeps it at level 2 after init and
-after every generation, and before generating wakes only the ``kv_cache``
-tag; the weights are woken (and pushed) only by the step-end sync callback.
-An on-policy generation before the first sync, or between syncs
-(gradient accumulation, ``vllm_sync_frequency > 1``), runs with the weights
-unmapped: an illegal memory access on CUDA. Bound through
-``shim.trl.colocate``: the trainer's ``_move_model_to_vllm`` runs (weights woken
-first) before every generate whose weights are asleep or discarded, and its
-``reload_weights`` from disk is skipped (the push follows right after it).
+GOLD keeps its own ``self.vllm_engine``, sleeps it at level 2 after init and after every generation, and before
+generating wakes only the ``kv_cache`` tag; the weights are woken (and pushed) only by the step-end sync
+callback. An on-policy generation before the first sync, or between syncs (gradient accumulation,
+``vllm_sync_frequency > 1``), runs with the weights unmapped: an illegal memory access on CUDA.
 """
 from shim.engine.patch import Patch
 from shim.trl.colocate import binding, gold_colocate_sleep
@@ -31,7 +26,12 @@ PATCH = Patch(
     apply=_apply,
     probe=_probe,
     summary="GOLDTrainer: weights woken and pushed before every generate after a level-2 sleep",
-    verified="CPU: real TRL 0.29.1 GOLDTrainer on the vLLM stand-in (crash without the shim, asserted)",
+    verified=("CPU: real TRL 0.27.2 and 0.29.1 `GOLDTrainer`: illegal memory access without the shim (asserted), "
+              "trained weights at every generate with it"),
+    changes=("GOLD wakes only `kv_cache` before generating after a level-2 sleep: the shim wakes and pushes the "
+             "trained weights first (and skips its `reload_weights` from disk) Bound through `shim.trl.colocate`: "
+             "the trainer's `_move_model_to_vllm` runs (weights woken first) before every generate whose weights "
+             "are asleep or discarded; the `reload_weights` it skips would be followed right away by the push."),
 )
 
 PATCHES = [PATCH]

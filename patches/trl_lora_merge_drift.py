@@ -1,24 +1,14 @@
 """TRL's LoRA weight push moves the frozen base model by a rounding at every sync.
 
 Upstream: none reported (found here; open in every TRL and PEFT release up to trl 1.16.0 / peft 0.21.2)
-Affects:  trl >=0.23.0 with a PEFT model and vLLM (colocate and server mode), bf16/fp16 base weights:
-          trl-lora-merge-drift >=1.11.0 (VLLMGeneration._iter_named_params), trl-lora-merge-drift-sync
-          >=0.28.0,<1.11.0 (VLLMGeneration.sync_weights), trl-lora-merge-drift-grpo / -rloo
-          >=0.23.0,<0.28.0 (GRPOTrainer / RLOOTrainer._move_model_to_vllm)
+Affects:  trl >=0.23.0 with a PEFT model and vLLM (colocate and server mode), bf16/fp16 base weights; one
+          record per push shape: >=1.11.0, >=0.28.0,<1.11.0, >=0.23.0,<0.28.0 (GRPO and RLOO)
 Remove:   when the shim's minimum supported trl pushes a PEFT model's merged weights without writing its base
 
-Each push calls ``model.merge_adapter()`` (PEFT adds every LoRA delta into its base weight in place),
-reads the merged base tensors, and ``model.unmerge_adapter()`` subtracts the deltas again. In bfloat16
+Each push calls ``model.merge_adapter()`` (PEFT adds every LoRA delta into its base weight in place), reads
+the merged base tensors, and ``model.unmerge_adapter()`` subtracts the deltas again. In bfloat16
 ``(W + dW) - dW != W``: the frozen base random-walks with every sync, and the trainer's forward and all
-later pushes read the moved base. ``shim.trl.lora_merge`` stands in for the merge and unmerge during the
-push (they write nothing) and hands the engine, for each LoRA base tensor as the push reads it, PEFT's
-own merge of its layer applied to a copy (``shim.peft.merge``, shared with ``swift-lora-merge-drift``):
-the engine receives what upstream's merge gives it, the base keeps its bytes. 1.11+: every tensor
-``_iter_named_params`` yields (the iterator both the colocate push and the server-mode stream read);
-0.23-1.10: the tensors the push hands the colocated engine model's ``load_weights`` or the server
-client's ``update_named_param``. Non-PEFT models, FSDP and layers the out-of-place path cannot
-reproduce exactly run upstream's code unchanged. Each record stands down by probe where its push no
-longer merges in place (no ``merge_adapter``/``unmerge_adapter`` in it) or reads the tensors elsewhere.
+later pushes read the moved base.
 """
 import inspect
 
@@ -90,8 +80,33 @@ PATCH = Patch(
     apply=apply_iter,
     probe=probe_iter,
     summary=_SUMMARY,
-    verified="CPU: real TRL 1.16.0 GRPOTrainer with PEFT 0.18.1 LoRA (Linear + Embedding) on a bf16 model, colocate "
-             "on the vLLM stand-in and server mode: base bytes unchanged, engine = base + adapter",
+    verified=("CPU: real TRL 1.16.0, 1.9.2, 1.0.0 `GRPOTrainer` and 0.27.2 `GRPOTrainer`/`RLOOTrainer` + PEFT "
+              "0.18.1 LoRA (`q_proj`, `v_proj`, `embed_tokens`, adapter initialised non-zero) on a bf16 model, 4 "
+              "steps, colocate with sleep mode on the stand-in: without the shim the frozen base's bytes change at "
+              "the first push (~12k elements) and keep walking (asserted), with it unchanged at all 8 generates "
+              "and the engine within one bf16 rounding of base + adapter merged out of place (test-side "
+              "reference), both layer classes; server mode on 1.16.0, 1.9.2 and 0.27.2 (TRL's own push with a "
+              "recording server stand-in, 4 syncs): the same; DoRA on 1.16.0: upstream unchanged, one WARNING. "
+              "0.23.1 + PEFT fails in TRL's own backward on this stack (DDP marks a LoRA weight ready twice, with "
+              "and without the shim): not run"),
+    changes=("A PEFT model's weight push (colocate and server mode): PEFT's `merge_adapter`/`unmerge_adapter` (in "
+             "place: `W += dW`, then `W -= dW`, which in bf16 does not give `W` back) are stood in for during the "
+             "push and write nothing; each LoRA base tensor is handed to the engine, as the push reads it, as "
+             "PEFT's own `merge` of its layer applied to a copy (one layer's copy alive at a time; "
+             "`shim.peft.merge`), so the engine gets the bytes upstream's merge gives it and the frozen base keeps "
+             "its bytes. Where the tensors are read: 1.11-1.16 every tensor `VLLMGeneration._iter_named_params` "
+             "yields; 0.28-1.10 (`VLLMGeneration.sync_weights`) and 0.23-0.27 "
+             "(`GRPOTrainer`/`RLOOTrainer._move_model_to_vllm`) what the push hands the colocated engine model's "
+             "`load_weights` or the client's `update_named_param` (stood in for on those objects for the one "
+             "push). Left to upstream, one WARNING: FSDP, tuner layers other than LoRA "
+             "`Linear`/`Embedding`/`Conv1d-3d`, LoRA variants (DoRA, ...), a layer already merged or offloaded. "
+             "Non-PEFT models: upstream untouched. Each stands down by probe where its push no longer calls "
+             "`merge_adapter`/`unmerge_adapter` Bound through `shim.trl.lora_merge` (PEFT's merge on a copy: "
+             "`shim.peft.merge`, shared with `swift-lora-merge-drift`); at 1.11+ `_iter_named_params` is the "
+             "iterator both the colocate push and the server-mode stream read. Sites: `trl-lora-merge-drift` "
+             ">=1.11.0 (`VLLMGeneration._iter_named_params`), `trl-lora-merge-drift-sync` >=0.28.0,<1.11.0 "
+             "(`VLLMGeneration.sync_weights`), `trl-lora-merge-drift-grpo` / `-rloo` >=0.23.0,<0.28.0 "
+             "(`GRPOTrainer` / `RLOOTrainer._move_model_to_vllm`)."),
 )
 SYNC = PATCH.like(
     id="trl-lora-merge-drift-sync", affected=">=0.28.0,<1.11.0", tested_at=("trl", "1.9.2"),

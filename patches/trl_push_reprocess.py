@@ -1,24 +1,15 @@
 """TRL's colocated weight push skips vLLM's post-processing: derived and repacked weights stay stale.
 
-Upstream: vllm-project/vllm#42821 (raw model.load_weights runs no process_weights_after_loading; fix PR
-          #42823 open), NovaSky-AI/SkyRL#1680 (one layerwise reload per push, not per chunk), RFC
-          vllm-project/vllm#48312; TRL pushes with the raw call in every release (1.16.0 read)
+Upstream: vllm-project/vllm#42821 (raw load_weights runs no process_weights_after_loading; fix PR #42823 open),
+          SkyRL#1680, RFC vllm#48312; TRL pushes with the raw call in every release (1.16.0 read)
 Affects:  trl colocate pushes into a vLLM model whose post-processing copies or repacks (MLA W_UK_T/W_UV
-          of a quantized kv_b_proj, quantized linears, FlashInfer MoE layouts): VLLMGeneration.sync_weights
-          trl >=0.28.0; OnlineDPOTrainer._move_model_to_vllm trl >=0.26.0 (trl.experimental) and
-          >=0.23.0,<0.26.0 (trl.trainer); GRPO/RLOO _move_model_to_vllm trl >=0.23.0,<0.28.0
-Remove:   when TRL pushes through vLLM's reload (reload_weights(weights_iterator=...) or a weight-update
-          session) or vLLM's model.load_weights re-processes by itself (PR #42823)
+          of a quantized kv_b_proj, quantized linears, FlashInfer MoE layouts): trl >=0.28.0 (VLLMGeneration),
+          >=0.26.0 and >=0.23.0,<0.26.0 (OnlineDPO), >=0.23.0,<0.28.0 (GRPO/RLOO)
+Remove:   when TRL pushes through vLLM's reload (weights_iterator, weight-update session) or PR #42823 lands
 
-vLLM's ``process_weights_after_loading`` runs after the initial load (and inside
-``reload_weights``), never after ``model.load_weights``: after a push, MLA decode still
-multiplies by the initial checkpoint's ``W_UK_T`` / ``W_UV`` (after a level-2 sleep, by the
-undefined contents of the re-mapped pages), while prefill uses the new ``kv_b_proj``. Bound
-through ``shim.trl.push_reload``: each push method runs inside one ``shim.vllm.reload.session``
--- vLLM's layerwise reload opened at the push's first tensor and finalized after its last (vLLM
-0.16+), else the touched attention layers re-processed -- with what it re-derives copied back
-into the storage it had (the sleep pool, the CUDA graphs' addresses). The probe reads the class
-and stands down where it no longer pushes with a raw ``load_weights`` or already uses the reload.
+vLLM runs ``process_weights_after_loading`` after the initial load and in ``reload_weights``, never after
+``model.load_weights``: after a push MLA decode multiplies by stale ``W_UK_T`` / ``W_UV`` (undefined after a
+level-2 sleep) while prefill uses the new ``kv_b_proj``.
 """
 from shim.engine.patch import Patch
 from shim.trl.colocate import generation_colocate, trainer_colocate
@@ -43,9 +34,27 @@ GENERATION = Patch(
     affected=">=0.28.0",
     module="trl.generation.vllm_generation",
     tested_at=("trl", "1.16.0"),
-    verified="CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized "
-             "kv_b_proj)",
     **_push("VLLMGeneration", "sync_weights", generation_colocate),
+    verified=("CPU: real TRL 1.16.0 (shim off), 1.9.2 and 0.26.2 (shim on, this patch disabled) GRPO on a tiny "
+              "DeepSeek-V2 with a quantized `kv_b_proj` (stand-in 0.24.0; 0.10.2 for 0.26.2): derived matrices "
+              "stale from the first rollout and final greedy output unlike a fresh engine loaded with the "
+              "trainer's weights (asserted); with the patch every rollout's matrices follow `kv_b_proj`, stay in "
+              "the weights pool, and the greedy output equals the fresh engine's. GPU: `bench/gpu_mla_push.py` "
+              "(not run yet)"),
+    changes=("TRL's colocated push method (`VLLMGeneration.sync_weights`, `OnlineDPOTrainer._move_model_to_vllm`, "
+             "the 0.x GRPO/RLOO `_move_model_to_vllm`) runs inside one `shim.vllm.reload.session`: the engine "
+             "model's `load_weights` is wrapped for the push; its first call opens vLLM's "
+             "`initialize_layerwise_reload` (after TRL's weights wake, so vLLM's level-2 buffer restore finds the "
+             "real buffers), the push's last tensor is followed by `finalize_layerwise_reload` (vLLM 0.16+; before "
+             "0.16: the attention layers whose `kv_b_proj` was written re-run `process_weights_after_loading`), "
+             "every re-derived plain attribute (MLA `W_UK_T`/`W_UV`) is copied into the storage it had (sleep "
+             "pool, CUDA-graph addresses) (the encoder/mm cache reset that 0.24's `reload_weights` adds stays "
+             "`trl-vlm-encoder-cache`'s). Colocate only; ms-swift's subclasses untouched. Stands down where the "
+             "class no longer pushes with a raw `load_weights` or already uses the reload Bound through "
+             "`shim.trl.push_reload`. Sites: `VLLMGeneration.sync_weights` trl >=0.28.0; "
+             "`OnlineDPOTrainer._move_model_to_vllm` trl >=0.26.0 (trl.experimental) and >=0.23.0,<0.26.0 "
+             "(trl.trainer); GRPO/RLOO `_move_model_to_vllm` trl >=0.23.0,<0.28.0. One layerwise reload per push, "
+             "not per chunk, as NovaSky-AI/SkyRL#1680 does."),
 )
 ONLINE_DPO = GENERATION.like(
     id="trl-online-dpo-push-reprocess", module="trl.experimental.online_dpo.online_dpo_trainer", affected=">=0.26.0",

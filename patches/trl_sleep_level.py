@@ -6,15 +6,10 @@ Affects:  trl >=0.28.0 (VLLMGeneration, 1.16.0 included) colocate with vllm_enab
           with SHIM_SLEEP_LEVEL set; ms-swift's --sleep_level is never touched
 Remove:   when TRL takes the sleep level as an argument
 
-``VLLMGeneration._init_vllm`` builds ``vllm.LLM`` and sleeps it at level 2; ``generate`` sleeps at
-level 2 after every rollout. With ``SHIM_SLEEP_LEVEL=1`` every sleep of that engine runs at level
-1 (weights kept in host memory and restored at the wake; ``=2`` is TRL's own level). The patch binds
-the module's name ``LLM`` to a subclass of vLLM's ``LLM`` whose ``sleep`` applies the level
-(``shim.trl.sleep_level``), so the first sleep after construction is covered and ``isinstance``
-checks hold; the shim's TRL binding records the level the engine really slept at (weights valid
-after a level-1 wake: no push needed to make them so). Safe at either level: TRL >= 1.10 pushes the
-trainer's weights after every sleep, 0.28-1.9.2 push through the shim (``trl-stale-weights``).
-Stands down with the switch unset.
+``VLLMGeneration`` sleeps its ``vllm.LLM`` at level 2 after construction and after every rollout, which loses
+what level 2 cannot restore (NPU MoE layouts). Level 1 keeps the weights in host memory and restores them at
+the wake; safe at either level: TRL >= 1.10 pushes the trainer's weights after every sleep, 0.28-1.9.2 push
+through the shim (``trl-stale-weights``). Stands down with the switch unset.
 """
 from shim.engine.patch import FEATURE, Patch
 
@@ -62,8 +57,18 @@ PATCH = Patch(
     probe=probe,
     summary="SHIM_SLEEP_LEVEL=1|2: every sleep of VLLMGeneration's colocated engine (hard-coded level 2) runs "
             "at that level; level 1 keeps the weights across the sleep",
-    verified="CPU: real TRL 1.16.0 and 1.9.2 GRPOTrainer on the vLLM stand-in (every sleep at level 1, the "
-             "woken weights the ones slept with; unset: level 2)",
+    changes=("with `SHIM_SLEEP_LEVEL=1` or `2`, every sleep of `VLLMGeneration`'s colocated engine (TRL "
+             "0.28.0-1.16.0 hard-code `sleep(level=2)` right after construction in `_init_vllm` and after every "
+             "rollout in `generate`, read in each wheel) runs at that level: the module's name `LLM` is bound to a "
+             "subclass of vLLM's `LLM` whose `sleep` applies it, so the construction-time sleep is covered and "
+             "`isinstance` holds; the shim's TRL binding records the level really slept at (after level 1 the "
+             "woken weights are valid: no push needed). Unset: stands down. ms-swift's `--sleep_level` is never "
+             "touched (its engines are not built through that name)"),
+    verified=("CPU: real TRL 1.16.0 and 1.9.2 `GRPOTrainer` on the stand-in: `SHIM_SLEEP_LEVEL=1` every sleep at "
+              "level 1 and every weights wake brings back the weights slept with, rollouts on the trainer's "
+              "weights, 1.9.2 (stale-weights fix on) pushes less; unset every sleep at level 2 and every woken "
+              "weight discarded; a bad value is one line and the shim stays off; ms-swift 4.6.0 with its GRPO "
+              "module (TRL 0.29.1's `VLLMGeneration` patched) still sleeps at `--sleep_level 2`"),
 )
 
 PATCHES = [PATCH]

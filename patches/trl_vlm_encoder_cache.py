@@ -1,21 +1,15 @@
 """TRL vision-language rollouts read image embeddings computed with the old weights.
 
 Upstream: huggingface/trl#7198 (bug, open; fix proposed in PR #7200)
-Affects:  trl >=0.28.0 (VLLMGeneration, 1.16.0 included) and OnlineDPOTrainer's own push (``_move_model_to_vllm``,
-          >=0.26.0 in trl.experimental, >=0.23.0,<0.26.0 in trl.trainer; its sleep mode is off by default)
-          colocate, with a trained vision tower and images
-          reused across steps; vLLM >=0.17 resets the caches inside every sleep, so there the gap is a push
-          without a sleep before it (vllm_enable_sleep_mode=False); vLLM 0.16 with sleep mode too
+Affects:  trl >=0.28.0 (VLLMGeneration) and OnlineDPOTrainer's own push (>=0.26.0; >=0.23.0,<0.26.0; sleep mode
+          off by default) colocate, with a trained vision tower and images reused across steps; vLLM >=0.17
+          resets the caches inside every sleep, so there the gap is a push without a sleep before it
+          (vllm_enable_sleep_mode=False); vLLM 0.16 with sleep mode too
 Remove:   when the shim's minimum supported trl resets the encoder cache in sync_weights
 
-``VLLMGeneration.sync_weights`` writes the trainer's weights and resets only the
-prefix cache (OnlineDPO's ``_move_model_to_vllm`` likewise). vLLM's encoder cache keeps each image's encoder output by content
-hash across requests, so the next rollout with the same image reads the
-embedding of the old vision tower. The patch wraps ``sync_weights``: after it,
-in colocate mode, the engine's encoder and multi-modal caches are reset
-(``shim.vllm.caches``; the shim's own push path, ``shim.trl.colocate``, does
-the same while this patch is on); two more records wrap OnlineDPO's push the same way.
-Each stands down where the wrapped push already resets the encoder cache.
+``VLLMGeneration.sync_weights`` (and OnlineDPO's ``_move_model_to_vllm``) writes the trainer's weights and resets
+only the prefix cache, while vLLM's encoder cache keeps each image's encoder output by content hash across
+requests: the next rollout with the same image reads the embedding of the old vision tower.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed, fixed_if_contains
@@ -58,7 +52,14 @@ PATCH = Patch(
     probe=probe,
     summary="after every weight push (colocate): vLLM's encoder and multi-modal caches reset, so reused "
             "images are encoded with the new weights",
-    verified="CPU: real TRL 1.16.0 and 1.9.2 VLLMGeneration on the vLLM stand-in's encoder cache",
+    verified=("CPU: real TRL 1.16.0 and 1.9.2 `VLLMGeneration` on the stand-in's encoder cache (shared by content "
+              "hash, as vLLM's `EncoderCacheManager`): the second rollout reads the image embedding of the old "
+              "weights without the shim (asserted), fresh with it"),
+    changes=("`VLLMGeneration.sync_weights` (and the shim's own push path): after every push the engine's encoder "
+             "cache (`LLMEngine.reset_encoder_cache`, vLLM >=0.16) and multi-modal caches (`reset_mm_cache`) are "
+             "reset, so a reused image is encoded with the new weights; vLLM <0.16 has no reset: one WARNING. "
+             "Stands down where `sync_weights` resets the encoder cache The reset is `shim.vllm.caches`; the "
+             "shim's own push path (`shim.trl.colocate`) does the same while this patch is on."),
 )
 
 ONLINE_DPO = PATCH.like(
@@ -69,7 +70,11 @@ ONLINE_DPO = PATCH.like(
     probe=_probe("OnlineDPOTrainer", "_move_model_to_vllm"),
     summary="OnlineDPOTrainer._move_model_to_vllm (its own push, colocate): vLLM's encoder and multi-modal caches "
             "reset after it, so reused images are encoded with the new weights (sleep mode off too)",
-    verified="CPU: real TRL 1.16.0 OnlineDPOTrainer with images, sleep mode off, on the vLLM stand-in 0.24.0",
+    changes=("`OnlineDPOTrainer._move_model_to_vllm` (colocate): after its push (a prefix-cache reset only) the "
+             "encoder and multi-modal caches are reset, as `trl-vlm-encoder-cache` does for `VLLMGeneration`"),
+    verified=("CPU: real TRL 1.16.0 OnlineDPO with sleep mode off (its default), the `VLLMGeneration` record "
+              "disabled: a reused image gets the old vision tower's embedding without the shim (asserted), fresh "
+              "with it"),
 )
 ONLINE_DPO_0X = ONLINE_DPO.like(
     id="trl-online-dpo-encoder-cache-0x", module="trl.trainer.online_dpo_trainer", affected=">=0.23.0,<0.26.0",

@@ -2,34 +2,14 @@
 
 Upstream: none (users ask for it: vllm RFC #52689, verl#6666, a stale-weights detector in a
           huggingface/trl#5312 comment); catches #5312, the level-2 gaps and any other missing push
-Affects:  only with SHIM_VERIFY_WEIGHTS=1|exact: vllm >=0.8.0 (LLM.generate/chat); trl >=0.28.0
-          (VLLMGeneration; OnlineDPO), trl >=0.25.0,<0.28.0 (GRPO/RLOO), trl >=0.25.0,<1.0.0 (GOLD);
-          ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate rollouts; verl >=0.7.1 (tested 0.7.1, 0.8.0, 0.9.0, 0.9.1)
-          ServerAdapter.update_weights with the vLLM rollout, the digest method on vllm >=0.8.0 workers
+Affects:  only with SHIM_VERIFY_WEIGHTS=1|exact|sample: vllm >=0.8.0; trl >=0.28.0, >=0.25.0,<0.28.0 (GRPO/RLOO),
+          >=0.25.0,<1.0.0 (GOLD); ms-swift >=3.10.0,<4.0.0 and >=4.0.0 colocate; verl >=0.7.1
 Remove:   never (a run-time check, not a fix); a row goes when its trainer leaves the supported range
 
-Verify-only records, independent of the fixes: they apply whether or not a bug patch applies
-(TRL 1.10.0+, a patch in SHIM_DISABLED_PATCHES, a patch standing down), and stand down when
-SHIM_VERIFY_WEIGHTS is off. Two halves (``shim.verify.weights``):
-
-- ``verify-weights-vllm`` wraps ``vllm.LLM.generate`` / ``chat``: right before vLLM samples,
-  inside every other wrapper (the shim's push-before-generate runs first), it verifies an
-  engine that a trainer armed;
-- one trainer record per generate site arms the engine with the trainer model for the
-  duration of the trainer's generate method: ``VLLMGeneration.generate`` (0.28+: GRPO, RLOO,
-  GOLD and distillation from 1.0), ``GRPOTrainer``/``RLOOTrainer._generate_single_turn``
-  (0.25-0.27), ``OnlineDPOTrainer._generate_vllm_colocate``,
-  ``GOLDTrainer._generate_on_policy_outputs_vllm`` (0.25-0.29);
-- ms-swift drives vLLM's ``LLMEngine`` without ``LLM.generate``: its record verifies directly
-  before ``RolloutTrainerMixin._infer_single_or_multi_turn`` (called by ``_fast_infer`` after
-  its wake and push; 3.10.x ``swift.trainers.rlhf_trainer``, 4.x ``swift.rlhf_trainers``),
-  colocate fast inference only, never with ``async_generate`` (rollouts one step behind by
-  design).
-- verl (``shim.verl.verify_weights``), checked after each weight update, not before a generate: the trainer
-  half wraps ``ServerAdapter.update_weights`` and digests the tensors verl streams; ``verify-weights-verl-server``
-  makes the Ray actor's ``vLLMHttpServer.collective_rpc`` return the workers' answers to the shim's own method
-  (verl's returns nothing); ``verify-weights-vllm-worker`` gives vLLM's ``Worker`` that method (the digests of
-  its model, in the process that holds the weights).
+Verify-only records, independent of the fixes (they apply whether or not a bug patch does), so a missing push
+shows whatever its cause. Two halves (``shim.verify.weights``): a trainer record arms the engine with the trainer
+model for the duration of its generate method, ``verify-weights-vllm`` compares the two right before vLLM
+samples; ms-swift and verl have their own sites (their records say where).
 """
 from shim.engine.patch import FEATURE, Patch
 from shim.engine.probes import changed, missing
@@ -166,12 +146,28 @@ VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0, 0.9.0 and 0.9.1 ServerAdapter.upd
                  "naming it, StaleWeights with SHIM_STRICT=1")
 
 
-VERIFIED = ("CPU: real TRL 1.9.2 GRPOTrainer on the vLLM stand-in: stale weights reported with trl-stale-weights "
-            "disabled, silent with it on; real TRL 1.10.0 with every push missing one tensor (left discarded by the "
-            "level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
+CHANGES = ("nothing changes in what runs: the trainer's generate method names the trainer model its engine must "
+           "equal; `vllm.LLM.generate`/`chat` (innermost, after any push) compares the two (ms-swift: before "
+           "`_infer_single_or_multi_turn`). Applies whether or not a fix applies (TRL 1.10.0+, a patch disabled or "
+           "standing down); stands down when the switch is off. Trainer sites: `VLLMGeneration.generate` (0.28+: "
+           "GRPO, RLOO, GOLD and distillation from 1.0), `GRPOTrainer`/`RLOOTrainer._generate_single_turn` "
+           "(0.25-0.27), `OnlineDPOTrainer._generate_vllm_colocate`, "
+           "`GOLDTrainer._generate_on_policy_outputs_vllm` (0.25-0.29); `vllm.LLM.generate`/`chat` verifies, "
+           "inside every other wrapper (the shim's push-before-generate runs first), an engine a trainer armed. "
+           "ms-swift drives vLLM's `LLMEngine` without `LLM.generate`: its record verifies directly before "
+           "`RolloutTrainerMixin._infer_single_or_multi_turn` (called by `_fast_infer` after its wake and push; "
+           "3.10.x `swift.trainers.rlhf_trainer`, 4.x `swift.rlhf_trainers`), colocate fast inference only, never "
+           "with `async_generate` (rollouts one step behind by design).")
+"""What the shim changes at the TRL, ms-swift and vLLM sites (verl's: their summaries)."""
+
+VERIFIED = ("CPU: real TRL 1.9.2 `GRPOTrainer` with `trl-stale-weights` disabled: `stale weights` reported at "
+            "exactly the rollouts the test's bit-for-bit observation finds stale (4 of 6), silent with the fix (6 "
+            "of 6 verified), `SHIM_STRICT=1` stops the run; TRL 1.10.0 verified; real "
+            "TRL 1.10.0 with every push missing one tensor (left discarded by the level-2 sleep): exact (the default) reports every rollout, sample within ceil(mapped/8) checks; an LLM "
             "without chat (this record's vLLM half stands down): every rollout counted unverifiable, one WARNING, "
             "status reason; digests equal to the definition, every single changed element and swaps seen, chunking "
-            "and routes agree; tensor-parallel slices (fused qkv/gate_up, row/vocab parallel) on CPU tensors. "
+            "and routes agree; tensor-parallel slices on CPU tensors (rank r of 2, fused `qkv_proj`/`gate_up_proj`, "
+            "row/vocab parallel, replicated kv heads). "
             "PEFT LoRA (bf16): real TRL 1.16.0/1.9.2 GRPO, 0.27.2 GRPO and RLOO, ms-swift 4.6.0/3.10.1 full push with "
             "the adapter merged: every rollout verified against the adapter merged as the push merges it (before: "
             "every one unverifiable); a push leaving out one LoRA-merged tensor reported naming it; ms-swift with "
@@ -186,7 +182,7 @@ def _patch(patch_id, distribution, affected, module, probe_apply, summary, teste
                  issue="weight verification (SHIM_VERIFY_WEIGHTS)",
                  distribution=distribution,
                  affected=affected, module=module, apply=apply, probe=probe, summary=summary,
-                 verified=verified)
+                 verified=verified, changes=CHANGES if verified is VERIFIED else "")
 
 
 PATCHES = [

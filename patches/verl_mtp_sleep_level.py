@@ -5,14 +5,9 @@ Affects:  verl >=0.7.1,<0.9.0, HYBRID rollout (colocated, ``free_cache_engine``)
           adapter) with ``mtp.enable`` and ``mtp.enable_rollout``
 Remove:   when the shim's minimum supported verl is >=0.9.0
 
-``vLLMHttpServer`` (``verl.workers.rollout.vllm_rollout.vllm_async_server``) sleeps the HYBRID engine at
-level 2 unless a LoRA adapter (0.8.0: or NPU) asks for 1: 0.7.1 in ``sleep`` through
-``engine.collective_rpc("sleep", kwargs={"level": 2})``, 0.8.0 in ``_sleep_hybrid`` through
-``engine.sleep(level=2)``. Level 2 discards the MTP drafter's weights, which verl's push does not restore
-(0.7.1 never writes the drafter; 0.8.0 writes only the names the actor has). The patch wraps that method
-(``shim.verl.mtp_sleep_level``): with verl 0.9.0's condition true (``config.mtp`` enable and enable_rollout)
-the level-2 sleep runs at level 1; otherwise nothing changes. The probe tells the two shapes apart and
-stands down where ``_sleep_hybrid`` already reads the MTP config.
+``vLLMHttpServer`` sleeps the HYBRID engine at level 2 unless a LoRA adapter (0.8.0: or NPU) asks for 1. Level 2
+discards the MTP drafter's weights, which verl's push does not restore (0.7.1 never writes the drafter; 0.8.0
+writes only the names the actor has), so the drafter proposes from garbage.
 """
 from shim.engine.patch import Patch
 
@@ -70,8 +65,16 @@ PATCH = Patch(
     probe=probe,
     summary="HYBRID rollout with MTP speculative decoding: the sleep runs at level 1 (as verl 0.9.0), so the "
             "drafter's weights survive it; MTP off: level 2 unchanged",
-    verified="CPU: real verl 0.7.1 and 0.8.0 vLLMHttpServer sleep on the vLLM stand-in's AsyncLLM with an MTP "
-             "drafter (off: level 2, drafter weights garbage after the wake; on: level 1, kept); 0.9.0 stands down",
+    verified=("CPU: real verl 0.7.1 and 0.8.0 on the stand-in's `AsyncLLM` with an MTP drafter: the drafter's "
+              "weights discarded after the first sleep without the shim (asserted), kept with it; 0.9.0 stands "
+              "down"),
+    changes=("verl's HYBRID rollout sleep (`vLLMHttpServer`, 0.7.1-0.8.x) with an MTP drafter sleeps at level 1, "
+             "as 0.9.0 does (level 2 discards the drafter's weights, never pushed again: no draft token accepted); "
+             "MTP off stays at level 2 Where verl sleeps: 0.7.1 in `sleep` through `engine.collective_rpc(\"sleep\", "
+             "kwargs={\"level\": 2})`, 0.8.0 in `_sleep_hybrid` through `engine.sleep(level=2)` "
+             "(`verl.workers.rollout.vllm_rollout.vllm_async_server`); the wrapper (`shim.verl.mtp_sleep_level`) "
+             "applies 0.9.0's condition (`config.mtp` enable and enable_rollout); the probe tells the two shapes "
+             "apart and stands down where `_sleep_hybrid` already reads the MTP config."),
 )
 
 PATCHES = [PATCH]

@@ -6,12 +6,8 @@ Affects:  verl >=0.7.1,<0.9.0 with a vLLM rollout, images reused across steps: 0
           ``_sleep_hybrid`` resets the encoder cache itself from vLLM 0.17)
 Remove:   when the shim's minimum supported verl is >=0.9.0
 
-Every verl weight update to a vLLM rollout ends in ``vLLMHttpServer.clear_kv_cache``
-(``verl.workers.rollout.vllm_rollout.vllm_async_server``, called by ``ServerAdapter.update_weights``), which
-in 0.7.1 and 0.8.0 resets only the prefix cache. The patch wraps it (``shim.verl.encoder_cache``): after
-verl's own body, on the server holding the engine, ``AsyncLLM.reset_mm_cache()`` and
-``reset_encoder_cache()`` (vLLM 0.16+; older: one WARNING), as verl 0.9.0 does. The probe stands down where
-``clear_kv_cache`` already resets the encoder cache.
+Every verl weight update to a vLLM rollout ends in ``vLLMHttpServer.clear_kv_cache``, which in 0.7.1 and 0.8.0
+resets only the prefix cache: the next rollout with a reused image reads the embedding of the old weights.
 """
 from shim.engine.patch import Patch
 
@@ -54,8 +50,16 @@ PATCH = Patch(
     probe=probe,
     summary="after every weight update (vLLMHttpServer.clear_kv_cache): vLLM's mm and encoder caches reset, "
             "as verl 0.9.0 does, so reused images are encoded with the new weights",
-    verified="CPU: real verl 0.7.1 and 0.8.0 vLLMHttpServer on the vLLM stand-in's AsyncLLM with its encoder "
-             "cache (off: the reused image's embedding from the old weights; on: recomputed); 0.9.0 stands down",
+    verified=("CPU: real verl 0.7.1 (sleep on and off) and 0.8.0 (`free_cache_engine=False`, sleep on with vLLM "
+              "0.16) on the stand-in's `AsyncLLM` and encoder cache: a reused image gets the old weights' "
+              "embedding without the shim (asserted), recomputed with it; 0.9.0 stands down"),
+    changes=("`vLLMHttpServer.clear_kv_cache` (every verl weight update ends there, naive and checkpoint-engine "
+             "flows): after verl's own body, on the server holding the engine, `AsyncLLM.reset_mm_cache()` then "
+             "`reset_encoder_cache()` (vLLM 0.16+; older: one WARNING, the encoder cache stays), as 0.9.0's "
+             "`clear_kv_cache` does. 0.7.1 and 0.8.0 pin `vllm<=0.12`: there only the mm cache can be reset "
+             "`clear_kv_cache` is called by `ServerAdapter.update_weights` "
+             "(`verl.workers.rollout.vllm_rollout.vllm_async_server`); the wrapper is `shim.verl.encoder_cache`; "
+             "the probe stands down where `clear_kv_cache` already resets the encoder cache."),
 )
 
 PATCHES = [PATCH]

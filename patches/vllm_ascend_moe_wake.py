@@ -5,13 +5,10 @@ Affects:  vllm-ascend >=0.13.0rc1,<0.26.0rc1 (vllm_ascend.worker.worker; 0.12.0r
           code), unquantized MoE models (w13_weight / w2_weight), every wake that includes the weights tag
 Remove:   when the shim's minimum vllm-ascend is >=0.26.0rc1
 
-``NPUWorker.wake_up`` transposes every fused expert weight whose layout matches the hidden size and sets
-it as a NEW Parameter, after ``CaMemAllocator.wake_up`` restored those bytes already in the processed
-layout (``npu_grouped_matmul``'s): the next forward fails with a shape mismatch, and attributes on the
-old Parameters (a ``weight_loader`` a trainer attached) are gone. The patch wraps ``wake_up``
-(``shim.vllm.moe_layout``): the Parameters slept with are put back after it, layout and attributes
-unchanged (what PR #13012 and ms-swift 4.5+'s own repair do). The probe reads ``wake_up`` and stands
-down where the re-layout is gone.
+``NPUWorker.wake_up`` transposes every fused expert weight whose layout matches the hidden size and sets it as a
+NEW Parameter, after ``CaMemAllocator.wake_up`` restored those bytes already in the processed layout
+(``npu_grouped_matmul``'s): the next forward fails with a shape mismatch, and attributes on the old Parameters
+(a ``weight_loader`` a trainer attached) are gone.
 """
 from shim.engine.patch import Patch
 
@@ -44,8 +41,20 @@ PATCH = Patch(
     probe=probe,
     summary="NPUWorker.wake_up's re-transpose of the MoE w13/w2 weights undone: the Parameters slept with "
             "are put back (layout, weight_loader and other attributes kept)",
-    verified="CPU: the REAL NPUWorker.wake_up of vllm-ascend 0.13.0, 0.23.0 and 0.25.1rc1 (read from the wheels) "
-             "on the vLLM stand-in in NPU mode with a Qwen3-MoE model; 0.26.0rc1 stands down by probe",
+    verified=("CPU: the REAL `NPUWorker.wake_up` of vllm-ascend 0.13.0, 0.23.0 and 0.25.1rc1, read from the wheels "
+              "and compiled against the stand-in's NPU mode (`FAKEVLLM_ASCEND_WORKER_SRC`; the module cannot be "
+              "imported on CPU), tiny Qwen3-MoE with vLLM's fused experts in vllm-ascend's processed layout: "
+              "without the shim the first level-1 wake replaces the Parameters with transposed ones and the next "
+              "generate fails with a shape mismatch (asserted); with it the same objects, attributes and greedy "
+              "tokens after level-1 wakes (one call and split per tag) and a level-2 wake; 0.26.0rc1 stands down "
+              "and its own wake keeps everything"),
+    changes=("`NPUWorker.wake_up` (vllm-ascend 0.13.0rc1-0.25.1rc1; 0.12.0rc1's `worker_v1.py` has the same code, "
+             "not hooked): after a wake that includes `weights`, every fused MoE expert Parameter (`w13_weight`, "
+             "`w2_weight`) that the wake replaced by a transposed view of the same storage is put back, so the "
+             "processed layout `npu_grouped_matmul` needs and the attributes on it (a trainer's `weight_loader`) "
+             "survive the wake (the end state of vllm-ascend PR #13012; ms-swift 4.5+ carries the same repair for "
+             "itself). The probe reads `wake_up` and stands down where the re-layout is gone (0.26.0rc1) The "
+             "wrapper is `shim.vllm.moe_layout`."),
 )
 
 PATCHES = [PATCH]

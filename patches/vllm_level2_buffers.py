@@ -1,49 +1,15 @@
 """A level-2 sleep loses what it does not save: buffers at a kv_cache-first wake, and plain tensors.
 
-Upstream: vllm-project/vllm#45619 (gate the level-2 buffer restore on the weights tag): Worker.wake_up
-          restores the buffers saved by sleep(level=2) whatever the tags up to 0.26.x, gated from 0.27.0
-          (read in the 0.25.0/0.26.0/0.27.0 wheels); vllm-ascend NPUWorker.wake_up is tag-blind in every
-          release (0.23.0, 0.25.1rc1, main). Plain tensors: RFC vllm-project/vllm#53343,
-          NVIDIA-NeMo/RL#2631, vllm#39934 -- Worker.sleep(level=2) saves named_buffers() only (0.24.0;
-          0.33.0 adds sleep_preserve_parameter_names, parameters only, and the drafter's buffers); fixed
-          in 0.34.0: level 2 discards only the pool allocations that hold nothing but parameters
-          (Worker._discardable_parameters, device_allocator/__init__.py::discardable_allocations) and
-          offloads the rest of the weights tag like level 1; _sleep_saved_buffers is gone
-Affects:  vllm >=0.8.0,<0.27.0; vllm-ascend >=0.13.0 (vllm_ascend.worker.worker); a trainer that wakes
-          kv_cache before weights after a level-2 sleep (TRL GOLD 0.25-0.29). Plain tensors: vLLM
-          >=0.8.0,<0.34.0 and vllm-ascend >=0.13.0rc1 (level 2, tensors allocated in the weights pool).
-          Module globals: vllm-ascend >=0.13.0 (ops/rotary_embedding.py ``_cos_cache`` / ``_sin_cache``;
-          absent in 0.13.0rc1, there in 0.13.0, 0.18.0, 0.23.0; fix PR vllm-ascend#17217 open)
-Remove:   buffers: when the shim's minimum vLLM is >=0.27.0 and vllm-ascend gates the restore; plain
-          tensors: when the shim's minimum vLLM is >=0.34.0 and vllm-ascend's level-2 sleep keeps them;
-          module globals: when vllm-ascend's level-2 sleep keeps its rope caches (vllm-ascend#17217)
+Upstream: buffers vllm-project/vllm#45619 (fixed in 0.27.0; vllm-ascend tag-blind in every release); plain tensors
+          RFC vllm-project/vllm#53343, NVIDIA-NeMo/RL#2631, vllm#39934 (fixed in 0.34.0), vllm-ascend#17217
+Affects:  buffers: vllm >=0.8.0,<0.27.0 and vllm-ascend >=0.13.0, a kv_cache wake before the weights wake (TRL
+          GOLD 0.25-0.29); plain tensors: vllm >=0.8.0,<0.34.0 and vllm-ascend >=0.13.0rc1 at level 2
+Remove:   each record when the shim's minimum vLLM / vllm-ascend fixes its part (the records' ranges)
 
-Buffers: the saved buffers are copied into the still-unmapped weight memory:
-CUDA_ERROR_ILLEGAL_ADDRESS (vllm#45619) or the NPU MTE fault, and the saved
-copies are dropped; no weight push restores them (they are in no checkpoint). The patch wraps the worker's ``wake_up``: a wake without ``weights``
-leaves the saved buffers for the weights wake (``shim.vllm.buffers``). The probe
-reads ``wake_up`` and stands down where the restore already waits for the
-weights tag.
-
-Plain tensors (``vllm-level2-tensors``): a tensor a module keeps as a plain attribute (MLA's
-``W_UK_T`` / ``W_UV`` of a quantized ``kv_b_proj``, the attention layers' ``q_range`` constants)
-lives in the weights pool, so the level-2 sleep discards it, and neither the push nor the buffer
-restore writes it back. The patch wraps the worker's ``sleep`` (host copies of those storages
-before a level-2 sleep, counted in the shim's sleep line) and ``wake_up`` (written back once the
-weights are mapped); it skips views of parameters and buffers and, where the pushes go through
-vLLM's reload (``trl-push-reprocess``), the attention layers' attributes the push re-derives
-(``shim.vllm.buffers``). From vLLM 0.34 the record stands down as fixed upstream (range; the probe
-also stands down on a pre-release whose ``Worker`` has ``_discardable_parameters``); the probe reads
-``sleep`` and stands down where it saves module attributes itself.
-
-Module globals (``vllm-ascend-level2-tensors`` only): vllm-ascend 0.13.0+ keeps the MLA / MTP rope caches
-``_cos_cache`` / ``_sin_cache`` as globals of ``vllm_ascend/ops/rotary_embedding.py``
-(``_record_cos_and_sin_cache_interleaved`` in ``AscendRotaryEmbedding.__init__``: one new tensor, made
-while ``load_model`` builds the model in the weights pool). No module holds them, so the attribute walk
-misses them; the level-2 sleep discards them, ``NPUWorker.wake_up`` restores buffers only, and the MLA
-path (``get_cos_and_sin_mla``) reads them at every step: silently wrong outputs. The NPU record's
-``sleep`` wrapper also keeps every weights-pool storage a global of a ``vllm_ascend`` module references
-(not a parameter's or a buffer's), restored with the rest.
+``Worker.sleep(level=2)`` saves ``named_buffers()`` only and the wake copies them back whatever the tags:
+into still-unmapped weight memory at a kv_cache-first wake (CUDA_ERROR_ILLEGAL_ADDRESS, NPU MTE fault), after
+which the saved copies are gone, and no push restores them (they are in no checkpoint). A tensor kept as a
+plain attribute (MLA's ``W_UK_T`` / ``W_UV``) or a module global in the weights pool is discarded outright.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -103,7 +69,18 @@ GPU = Patch(
     apply=_apply_gpu,
     probe=_probe_gpu,
     summary="a wake without the weights tag after a level-2 sleep keeps the saved buffers for the weights wake",
-    verified="CPU: vLLM stand-in 0.24.0 (tag-blind) and 0.27.0 (stands down)",
+    verified=("CPU: stand-in (vLLM 0.24.0 CUDA, NPU mode): `kv_cache`-first wake faults without the shim "
+              "(asserted), buffers and greedy output identical with it; vLLM 0.27.0: stands down. Real TRL GOLD "
+              "0.27.2 / 0.29.1: with the shim's GOLD fix alone the `kv_cache` wake faults in the buffer restore "
+              "(asserted), every rollout on the trained weights with this patch"),
+    changes=("the worker's `wake_up`: a wake without `weights` leaves the buffers saved by the level-2 sleep (rope "
+             "`inv_freq` / `cos_sin_cache`, in no checkpoint) for the weights wake, instead of copying them into "
+             "unmapped weight memory (CUDA_ERROR_ILLEGAL_ADDRESS / NPU MTE fault) and dropping them. The probe "
+             "reads `wake_up` and stands down where the restore waits for the weights tag Upstream, read in the "
+             "0.25.0/0.26.0/0.27.0 wheels: `Worker.wake_up` restores the buffers saved by `sleep(level=2)` "
+             "whatever the tags up to 0.26.x, gated on the weights tag from 0.27.0 (vllm#45619); vllm-ascend "
+             "`NPUWorker.wake_up` is tag-blind in every release (0.23.0, 0.25.1rc1, main). The wrapper is "
+             "`shim.vllm.buffers`."),
 )
 
 NPU = Patch(
@@ -116,7 +93,8 @@ NPU = Patch(
     apply=_apply_npu,
     probe=_probe_npu,
     summary="as vllm-level2-buffers, on vllm-ascend's NPUWorker (else an MTE fault at the kv_cache wake)",
-    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata)",
+    changes=GPU.changes,
+    verified=GPU.verified,
 )
 
 GPU_PLAIN = Patch(
@@ -131,8 +109,37 @@ GPU_PLAIN = Patch(
     probe=_probe_gpu_plain,
     summary="a level-2 sleep keeps the plain tensor attributes allocated in the weights pool (host copies, restored "
             "at the weights wake; views of parameters/buffers and what the next push re-derives skipped)",
-    verified="CPU: vLLM stand-in 0.24.0 (DeepSeek-V2 MLA, quantized kv_b_proj), 0.10.2 (matrices on the impl), "
-             "0.33.0 (a plain attribute); 0.34.0 keeps it itself (stands down)",
+    verified=("CPU: stand-in 0.24.0 (CUDA, NPU), 0.10.2 (matrices on `impl`), 0.33.0 (a plain attribute lost "
+              "without the shim, kept with it), 0.34.0 (kept without the shim; the record stands down as fixed "
+              "upstream and the stale-rollout alarm does not name it): after a level-2 sleep and a raw push of the "
+              "same weights the MLA matrices and the greedy output differ without the shim (asserted), identical "
+              "with it; unquantized (views): nothing copied. NPU, vllm-ascend 0.23.0 (DeepSeek-V2 MLA): "
+              "`_cos_cache`/`_sin_cache` garbage and the greedy output differs without the shim (asserted), both "
+              "back and identical output with it (1 storage, 16 KiB kept); 0.13.0rc1: no such caches, nothing kept"),
+    changes=("the worker's `sleep`: before a level-2 sleep, host copies of every plain tensor attribute (modules "
+             "and their `impl`) whose storage lies in the weights pool, except views of parameters/buffers and, "
+             "where the pushes go through `shim.vllm.reload`, the attention layers' attributes; `wake_up`: written "
+             "back once the weights tag is mapped (any wake order); the shim's sleep line says `plain tensors "
+             "kept: N storage(s), B bytes`. The NPU record also keeps the storages referenced by globals of "
+             "`vllm_ascend` modules (in the weights pool, not a parameter's or a buffer's): vllm-ascend 0.13.0+'s "
+             "MLA/MTP rope caches `_cos_cache`/`_sin_cache` (`vllm_ascend/ops/rotary_embedding.py`, "
+             "`_record_cos_and_sin_cache_interleaved` in `AscendRotaryEmbedding.__init__`: one tensor made in the "
+             "weights pool at `load_model`, read by `get_cos_and_sin_mla` at every MLA/SFA step, restored by "
+             "nothing in 0.23.0; fix PR vllm-ascend#17217 open). The probe needs the class's own `sleep`/`wake_up` "
+             "and a `sleep` that saves `named_buffers`; it stands down where `sleep` saves module attributes, and "
+             "as fixed upstream from vLLM 0.34 (range `<0.34.0`; the probe also where the worker has "
+             "`_discardable_parameters`: 0.34 discards only the allocations holding nothing but parameters and "
+             "offloads the rest) Upstream: `Worker.sleep(level=2)` saves `named_buffers()` only (0.24.0; 0.33.0 "
+             "adds `sleep_preserve_parameter_names`, parameters only, and the drafter's buffers); fixed in 0.34.0: "
+             "level 2 discards only the pool allocations that hold nothing but parameters "
+             "(`Worker._discardable_parameters`, `device_allocator/__init__.py::discardable_allocations`) and "
+             "offloads the rest of the weights tag like level 1; `_sleep_saved_buffers` is gone. Plain attributes "
+             "lost: MLA's `W_UK_T` / `W_UV` of a quantized `kv_b_proj`, the attention layers' `q_range` constants. "
+             "Module globals: `_cos_cache` / `_sin_cache` are absent in vllm-ascend 0.13.0rc1, there in 0.13.0, "
+             "0.18.0, 0.23.0; no module holds them, so the attribute walk misses them, `NPUWorker.wake_up` "
+             "restores buffers only, and the MLA path reads them at every step: silently wrong outputs. Remove: "
+             "plain tensors when the shim's minimum vLLM is >=0.34.0 and vllm-ascend's level-2 sleep keeps them; "
+             "module globals when vllm-ascend's level-2 sleep keeps its rope caches (vllm-ascend#17217)."),
 )
 
 NPU_PLAIN = Patch(
@@ -146,8 +153,8 @@ NPU_PLAIN = Patch(
     probe=_probe_npu_plain,
     summary="as vllm-level2-tensors, on vllm-ascend's NPUWorker, plus the weights-pool tensors held by vllm_ascend "
             "module globals (the MLA/MTP rope caches _cos_cache/_sin_cache, vllm-ascend#17217)",
-    verified="CPU: vLLM stand-in in NPU mode (vllm-ascend 0.13.0rc1 metadata: MLA matrices; 0.23.0: the rope "
-             "caches, greedy output differs without the shim, identical with it)",
+    changes=GPU_PLAIN.changes,
+    verified=GPU_PLAIN.verified,
 )
 
 PATCHES = [GPU, NPU, GPU_PLAIN, NPU_PLAIN]

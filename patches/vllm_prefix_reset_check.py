@@ -6,12 +6,8 @@ Upstream: vllm-project/vllm#28827 (reset_running_requests, 0.12.0; "the original
 Affects:  vllm >=0.12.0 (earlier LLMEngine.reset_prefix_cache drops the result), every trainer
 Remove:   when vLLM raises on a failed reset or the trainers check it
 
-``reset_prefix_cache()`` returns False while requests hold KV blocks. The patch
-wraps ``LLMEngine.reset_prefix_cache`` (``vllm.LLM`` delegates to it; ms-swift
-calls it directly): a False result is retried once the KV cache is idle (at once
-when no request is unfinished, else with the running requests preempted), and a
-second False is one WARNING per engine (``SHIM_STRICT=1`` raises)
-(``shim.vllm.caches``).
+``reset_prefix_cache()`` returns False while requests hold KV blocks; nothing retries it, so the next rollout
+reuses prefix KV computed with the old weights.
 """
 from shim.engine.patch import Patch
 from shim.engine.probes import changed
@@ -41,7 +37,14 @@ PATCH = Patch(
     probe=probe,
     summary="reset_prefix_cache() == False retried once the KV cache is idle; still False: one WARNING "
             "(SHIM_STRICT raises)",
-    verified="CPU: vLLM stand-in (requests in flight at the push), real TRL 1.16.0 VLLMGeneration",
+    verified=("CPU: real TRL 1.16.0 / 1.9.2 `VLLMGeneration` push with a request in flight: reset False and stale "
+              "prefix reused without the shim (asserted), reset and fresh with it; a stand-in whose reset always "
+              "fails: one WARNING over 3 pushes, strict raises"),
+    changes=("`LLMEngine.reset_prefix_cache` (what `LLM` and ms-swift call after a push): a False result (KV "
+             "blocks held by requests in flight) is retried once the KV cache is idle (at once when nothing is "
+             "unfinished, else by preempting the running requests, `reset_running_requests=True`, as vLLM's own "
+             "sleep does); still False: one WARNING per engine, `SHIM_STRICT=1` raises The reset is retried by "
+             "`shim.vllm.caches`."),
 )
 
 PATCHES = [PATCH]

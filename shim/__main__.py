@@ -5,7 +5,7 @@ import sys
 
 USAGE = """usage:
     python -m shim [OPTIONS] [--] COMMAND [ARGS...]   run COMMAND (and every process it starts) with the shim
-    python -m shim status [--all] [--json] [--import] one row per bug installed here and its decision
+    python -m shim status [--all] [--sites] [--json] [--import]  one row per bug installed here
     python -m shim doctor                              versions, allocator settings, known bugs
     python -m shim install | uninstall                 always on / off for this environment
     python -m shim report TRACE... [--plot OUT.png]    sleep/wake table per process and run from SHIM_TRACE files
@@ -16,9 +16,6 @@ subcommand goes after ``--``.
 ``vllm-sleep-shim`` is the same launcher as a console script: no file in the working
 directory (a ``shim.py``) can shadow it."""
 """Kept out of ``__doc__``: ``python -OO`` drops docstrings."""
-SUBCOMMANDS = {"status": ("shim.cli.status", "status"), "doctor": ("shim.cli.doctor", "doctor"),
-               "install": ("shim.cli.install", "install"), "uninstall": ("shim.cli.install", "uninstall"),
-               "report": ("shim.cli.report", "report")}
 
 
 def main(argv: list | None = None) -> int:
@@ -35,6 +32,8 @@ def main(argv: list | None = None) -> int:
         print(__version__)
         return 0
     import importlib
+
+    from shim.cli.common import SUBCOMMANDS
 
     if argv[0] in SUBCOMMANDS:
         module, function = SUBCOMMANDS[argv[0]]

@@ -9,16 +9,23 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = {
-    "status": """usage: python -m shim status [--all] [--json] [--import]
+SUBCOMMANDS = {"status": ("shim.cli.status", "status"), "doctor": ("shim.cli.doctor", "doctor"),
+               "install": ("shim.cli.install", "install"), "uninstall": ("shim.cli.install", "uninstall"),
+               "report": ("shim.cli.report", "report")}
+"""``python -m shim <name>``: the module and function that run it (anything else is a COMMAND to launch)."""
 
-One row per patch of the distributions installed here (importlib.metadata): id,
-distribution and version, affected range and the decision in this environment
-(applied, stand down: <why>, waiting: <module> not imported, disabled, failed: <why>),
-within 100 columns; one line counts the patches of the distributions not installed.
-  --all      every patch, whatever is installed
-  --json     every patch as JSON (id, kind, distribution, installed, affected, decision,
-             reason, acted)
+USAGE = {
+    "status": """usage: python -m shim status [--all] [--sites] [--json] [--import]
+
+One row per upstream bug of the distributions installed here (importlib.metadata):
+its id (what SHIM_DISABLED_PATCHES takes), distribution and version, affected range and
+the decision in this environment (applied, stand down: <why>, waiting: <module> not
+imported, disabled, failed: <why>) of the site that decided it ([site id] where the bug
+has several), within 100 columns; one line counts the bugs of packages not installed.
+  --all      every bug, whatever is installed
+  --sites    each bug's sites (one record each: the module it hooks) under its row
+  --json     every site as JSON (id, bug, reference, kind, distribution, installed,
+             affected, decision, reason, acted)
   --import   import each hooked upstream module first, so every row is decided""",
     "doctor": """usage: python -m shim doctor
 

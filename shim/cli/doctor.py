@@ -113,7 +113,7 @@ def doctor(argv: list) -> int:
         return 0
     if argv:
         return fail(f"doctor: unknown argument {argv[0]!r}")
-    bad = [f"{exc}; {exc.instead}" for exc in config.problems()]
+    bad = [exc.line() for exc in config.problems()]
     _, trace_error = check_trace_path(os.environ.get(config.SHIM_TRACE, ""), config.SHIM_TRACE)
     bad += [trace_error] if trace_error else []
     off_all = config.problem(config.SHIM_DISABLED) is None and config.disabled()
@@ -193,6 +193,8 @@ def doctor(argv: list) -> int:
             state = f"off ({patch.switch}=1: on)"
         else:
             state = "on" if everywhere else "on where it runs"
+            some_off = [p.id for p in records if p.id in off]  # a part turned off: never plain "on"
+            state += f"; {', '.join(some_off)} disabled" if some_off else ""
         print(_fit(f"  {bug_id:<26} {state}: {bugs[bug_id].problem}"))
     if bad:
         print(f"doctor: {len(bad)} switch(es) with a bad value (see BAD SWITCH above): fix them, "

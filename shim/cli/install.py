@@ -19,7 +19,7 @@ def site_packages() -> str:
 
 def always_on() -> str:
     """How the shim reaches every interpreter here (the .pth start-up line), or ''. The launcher and
-    ``import shim.auto`` reach one process tree: ``shim.cli.doctor._activation`` tells those apart."""
+    ``import shim.auto`` reach one process tree: ``python -m shim doctor`` tells those apart."""
     pth = os.path.join(site_packages(), PTH_NAME + ".pth")
     if os.path.exists(pth):
         return f"always on ({pth})"

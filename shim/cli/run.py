@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 
-from shim.cli.common import check_trace_path
+from shim.cli.common import SUBCOMMANDS, check_trace_path, fail
 from shim.engine import catalog, config
 
 _RUN_OPTIONS = {"--trace": "SHIM_TRACE", "--disable": "SHIM_DISABLED_PATCHES"}
@@ -20,16 +20,9 @@ def bootstrap_dir() -> str:
     return shared()
 
 
-def fail(message: str, code: int = 2) -> int:
-    print(f"shim: {message}", file=sys.stderr)
-    return code
-
-
 def _subcommand_like(word: str, path: "str | None") -> "str | None":
     """The subcommand ``word`` is a typo of (``difflib`` ratio >= 0.75: ``stauts``, ``docter``, ``instal``),
     or None. A program on PATH or an existing file is never a typo: whatever it is named, it runs."""
-    from shim.__main__ import SUBCOMMANDS
-
     if os.sep in word or (os.altsep and os.altsep in word) or os.path.exists(word):
         return None
     if shutil.which(word, path=path) is not None:

@@ -1,6 +1,7 @@
 """``python -m shim status``: one row per upstream bug of the distributions installed here and what the shim
 decided for it in this environment (the site that decided, where the bug has several), within 100 columns;
-``--all`` every bug, ``--json`` every site for machines (with its bug id and the bug's reference)."""
+``--all`` every bug, ``--sites`` each bug's sites under it, ``--json`` every site for machines (with its bug id
+and the bug's reference)."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +9,6 @@ import json
 
 from shim.cli.common import fail, fitted_table, help_asked
 from shim.engine import catalog, config, registry
-from shim.engine.patch import STAND_DOWN
 from shim.engine.versions import installed
 
 WIDTH = 100
@@ -23,9 +23,9 @@ _RANK = ("failed", "requested, not running", "applied", "waiting", "disabled", "
 def status(argv: list) -> int:
     if help_asked("status", argv):
         return 0
-    unknown = [a for a in argv if a not in ("--json", "--import", "--all")]
+    unknown = [a for a in argv if a not in ("--json", "--import", "--all", "--sites")]
     if unknown:
-        return fail(f"status: unknown argument {unknown[0]!r} (accepted: --all, --json, --import)")
+        return fail(f"status: unknown argument {unknown[0]!r} (accepted: --all, --sites, --json, --import)")
     import shim
 
     try:  # a bad switch: one WARNING on stderr, then the rows as the shim decides with that switch's default
@@ -36,7 +36,7 @@ def status(argv: list) -> int:
     if "--json" in argv:  # every row, whatever is installed: the keys machines read
         print(json.dumps([{k: r[k] for k in KEYS} for r in rows], indent=2))
         return 0
-    print(text(rows, everything="--all" in argv))
+    print(text(rows, everything="--all" in argv, sites="--sites" in argv))
     return 0
 
 
@@ -57,7 +57,7 @@ def site_rows(import_modules: bool = False) -> list:
             try:
                 importlib.import_module(patch.module)
             except Exception as exc:  # the row says why the hook never ran
-                registry._decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")
+                registry.unimportable(patch, exc)
     rows = registry.status_rows(patches)
     bug_of = {row[0]: row[3] for row in catalog.index()}
     references = {bug.id: bug.reference for bug in catalog.bug_records().values()}
@@ -73,15 +73,20 @@ def site_rows(import_modules: bool = False) -> list:
     return rows
 
 
-def text(rows: list, everything: bool = False, width: int = WIDTH) -> str:
+def text(rows: list, everything: bool = False, width: int = WIDTH, sites: bool = False) -> str:
     """One line per bug of the distributions installed here (``everything``: every bug) as a table of at
-    most ``width`` columns, then one line counting the bugs left out and naming their distributions."""
+    most ``width`` columns (``sites``: each site of a bug indented under it, its own decision), then one line
+    counting the bugs left out and naming their distributions."""
     shown = rows if everything else [r for r in rows if r["installed"]]
     bugs: dict = {}
     for r in shown:
         bugs.setdefault(r["bug"], []).append(r)
     hidden = [] if everything else [r for r in rows if r["bug"] not in bugs]
-    lines_rows = [_bug_row(bug, sites) for bug, sites in bugs.items()]
+    lines_rows = []
+    for bug, its in bugs.items():
+        lines_rows.append(_bug_row(bug, its))
+        if sites:
+            lines_rows.extend(_site_row(r) for r in its)
     lines = [fitted_table(lines_rows, COLUMNS, width)] if lines_rows else []
     if hidden:
         lines.append(_hidden_line(hidden, bool(shown), width))
@@ -94,11 +99,7 @@ def _bug_row(bug: str, sites: list) -> dict:
     site = min(sites, key=lambda r: (_RANK.index(r["decision"]) if r["decision"] in _RANK else 0, -r.get("acted", 0)))
     row = dict(site, bug=bug)
     row["distribution "] = f"{site['distribution']} {site['installed']}" if site["installed"] else site["distribution"]
-    decision = registry.decision_text(site)
-    short = {f"{site['distribution']} not installed": "not installed",  # said by the columns beside it
-             f"version not in {site['affected']}": "not affected"}.get(site["reason"] or "")
-    if short and not site.get("acted"):
-        decision = f"{site['decision']}: {short}"
+    decision = _decision(site)
     applied = [r for r in sites if r["decision"] == "applied"]
     if len(applied) > 1 and site["decision"] == "applied":
         decision += f" [{len(applied)} sites]"
@@ -106,6 +107,23 @@ def _bug_row(bug: str, sites: list) -> dict:
         decision += f" [{site['id']}]"
     row["decision "] = decision
     return row
+
+
+def _site_row(site: dict) -> dict:
+    """One site under its bug's row (``--sites``): ``  - <site id>``, its own release and decision."""
+    row = dict(site, bug=f"  - {site['id']}")
+    row["distribution "] = f"{site['distribution']} {site['installed']}" if site["installed"] else site["distribution"]
+    row["decision "] = _decision(site)
+    return row
+
+
+def _decision(site: dict) -> str:
+    """The site's decision, a reason the columns beside it already say shortened."""
+    short = {f"{site['distribution']} not installed": "not installed",
+             f"version not in {site['affected']}": "not affected"}.get(site["reason"] or "")
+    if short and not site.get("acted"):
+        return f"{site['decision']}: {short}"
+    return registry.decision_text(site)
 
 
 def _hidden_line(hidden: list, some_shown: bool, width: int) -> str:

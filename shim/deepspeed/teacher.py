@@ -1,44 +1,14 @@
 """A second model (a distillation teacher) loaded under its own ZeRO-3 config, and a
 memory preflight computed from its ``config.json`` alone.
 
-transformers decides how ``from_pretrained`` places a model from ONE process-global
-DeepSpeed config (``transformers.integrations.deepspeed._hf_deepspeed_config_weak_ref``,
-set by the student's ``TrainingArguments``). With a ZeRO-2 student that config says
-"not ZeRO-3", so a teacher whose own DeepSpeed config is ZeRO-3 is still loaded
-whole onto every rank and partitioned only later by ``deepspeed.initialize``.
-
-:func:`zero3_load_context` is the mirror image of ms-swift's
-``disable_deepspeed_zero3()``: for the duration of the teacher's load it points the
-global at a temporary ``HfTrainerDeepSpeedConfig`` built from the teacher's config
-("auto" values resolved from the student's ``TrainingArguments`` with
-``trainer_config_process``, exactly as ms-swift's ``prepare_deepspeed`` resolves them
-later), so ``from_pretrained`` runs under ``deepspeed.zero.Init`` and every parameter
-is partitioned as it is created; then it restores the student's weak reference.
-
-:func:`preflight` estimates the bytes each rank will hold and compares them with the
-device's free memory; it never opens a weight file.
-
-Parameter count from a config (``count_parameters``), per decoder layer, with
-H = hidden_size, I = intermediate_size, V = vocab_size, d = head_dim (default
-H / num_attention_heads), nq / nkv = attention / key-value heads::
-
-    attention = H*nq*d + 2*H*nkv*d + nq*d*H      (+ q/k/v biases when the config has them)
-    dense MLP = 3*H*I                            (gated: gate, up, down)
-    MoE MLP   = E*3*H*Im + H*E                   (E experts of moe_intermediate_size Im, router)
-              + 3*H*Is + H                       (shared expert of size Is, with its gate, if any)
-    norms     = 2*H
-    total     = layers + V*H (embeddings) + V*H (lm_head, unless tied) + H (final norm)
-              + vision tower (``vision_config``: depth*(4*h*h + 2*h*i) + patch merger, approximate)
-
-A layer is MoE when the config has experts and ``(i + 1) % decoder_sparse_step == 0``,
-``i`` is not in ``mlp_only_layers`` and ``i >= first_k_dense_replace``. Nested
-``text_config`` (Qwen3-VL, Qwen3-VL-MoE, Qwen2.5-VL) and ``thinker_config`` are
-followed. The estimate ignores small terms (rotary buffers, q/k norms, conv stems);
-for Qwen3-235B-A22B it gives 235.1e9 (published: 235e9).
-
-Test seam: :data:`device_memory` and :data:`world_size` are module-level callables,
-looked up at call time; a CPU test replaces them (e.g. 8 ranks of 80 GB) before the
-teacher is loaded.
+transformers decides how ``from_pretrained`` places a model from ONE process-global DeepSpeed config
+(``transformers.integrations.deepspeed._hf_deepspeed_config_weak_ref``, set by the student's
+``TrainingArguments``). With a ZeRO-2 student that config says "not ZeRO-3", so a teacher whose own DeepSpeed
+config is ZeRO-3 is still loaded whole onto every rank and partitioned only later by ``deepspeed.initialize``.
+:func:`zero3_load_context` loads it partitioned; :func:`preflight` compares the bytes each rank will hold with
+the device's free memory without opening a weight file. Test seam: :data:`device_memory` and
+:data:`world_size` are module-level callables, looked up at call time; a CPU test replaces them (e.g. 8 ranks
+of 80 GB) before the teacher is loaded.
 """
 from __future__ import annotations
 
@@ -103,7 +73,24 @@ def _vision_params(cfg: dict) -> int:
 
 
 def count_parameters(config: dict) -> int:
-    """Approximate parameter count of a causal LM from its config dict (formula above)."""
+    """Approximate parameter count of a causal LM from its config dict (formula above).
+
+    Per decoder layer, with H = hidden_size, I = intermediate_size, V = vocab_size, d = head_dim
+    (default H / num_attention_heads), nq / nkv = attention / key-value heads::
+
+        attention = H*nq*d + 2*H*nkv*d + nq*d*H      (+ q/k/v biases when the config has them)
+        dense MLP = 3*H*I                            (gated: gate, up, down)
+        MoE MLP   = E*3*H*Im + H*E                   (E experts of moe_intermediate_size Im, router)
+                  + 3*H*Is + H                       (shared expert of size Is, with its gate, if any)
+        norms     = 2*H
+        total     = layers + V*H (embeddings) + V*H (lm_head, unless tied) + H (final norm)
+                  + vision tower (``vision_config``: depth*(4*h*h + 2*h*i) + patch merger, approximate)
+
+    A layer is MoE when the config has experts and ``(i + 1) % decoder_sparse_step == 0``, ``i`` is
+    not in ``mlp_only_layers`` and ``i >= first_k_dense_replace``. Nested ``text_config`` (Qwen3-VL,
+    Qwen3-VL-MoE, Qwen2.5-VL) and ``thinker_config`` are followed. The estimate ignores small terms
+    (rotary buffers, q/k norms, conv stems); for Qwen3-235B-A22B it gives 235.1e9 (published: 235e9).
+    """
     cfg = _text_config(config)
     H = int(cfg["hidden_size"])
     L = int(_get(cfg, "num_hidden_layers", "n_layer", "num_layers"))
@@ -284,6 +271,13 @@ def zero3_load_context(teacher_ds_config: dict, training_args):
     The global weak reference is saved before and put back afterwards, whatever
     happens inside (as ms-swift's ``disable_deepspeed_zero3`` does). The teacher's
     dict is copied: ms-swift hands the same dict to ``prepare_deepspeed`` later.
+
+    The mirror image of ms-swift's ``disable_deepspeed_zero3()``: for the duration of the teacher's
+    load it points the global at a temporary ``HfTrainerDeepSpeedConfig`` built from the teacher's
+    config ("auto" values resolved from the student's ``TrainingArguments`` with
+    ``trainer_config_process``, exactly as ms-swift's ``prepare_deepspeed`` resolves them later), so
+    ``from_pretrained`` runs under ``deepspeed.zero.Init`` and every parameter is partitioned as it is
+    created; then it restores the student's weak reference.
     """
     import copy
 

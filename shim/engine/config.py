@@ -104,6 +104,10 @@ class ConfigError(ValueError):
         super().__init__(message)
         self.name, self.value, self.instead = name, value, instead
 
+    def line(self) -> str:
+        """The one line a bad value is (the WARNING of :func:`read`, ``doctor``'s BAD SWITCH row)."""
+        return f"{self}; {self.instead}" if self.instead else str(self)
+
 
 # -- parsers: the value, or ValueError for a value outside the accepted set ------------------------
 def _bool(value: str) -> bool:
@@ -172,8 +176,6 @@ _SWITCHES = {  # name: (parse the stripped value, default, accepted values, what
 }
 assert set(_SWITCHES) == set(ALL)
 
-_warned: set = set()
-
 
 def _parse(name: str):
     """``(value, None)``, or ``(default, ConfigError)`` for a value outside the accepted set."""
@@ -204,11 +206,10 @@ def read(name: str):
     inside wrappers, where nothing may, and a typo in one switch never turns another fix off."""
     value, error = _parse(name)
     if error is not None:
-        if name not in _warned:
-            _warned.add(name)
-            from shim.engine import log
+        from shim.engine import log
 
-            log.warning(f"{error}; {error.instead}")
+        if log.once(("switch", name)):
+            log.warning(error.line())
     return value
 
 
@@ -233,8 +234,9 @@ def validate() -> None:
 
 
 def switched_on(name: str) -> bool:
-    """Whether the environment switch ``name`` is set to something other than off (never raises)."""
-    return os.environ.get(name, "").strip().lower() not in _FALSE
+    """Whether switch ``name`` reads as on: :func:`read`'s value without its WARNING (a bad value is the
+    default, which is off for every feature switch); never raises."""
+    return bool(_parse(name)[0])
 
 
 def disabled() -> bool:
@@ -256,7 +258,8 @@ def verify_weights() -> str:
 
 
 def trace_path() -> "str | None":
-    return os.environ.get(SHIM_TRACE, "").strip() or None
+    """SHIM_TRACE's path, or None (unset); whether it can be appended to is checked where it is opened."""
+    return read(SHIM_TRACE) or None
 
 
 def stale_alarm() -> float:

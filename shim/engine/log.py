@@ -4,7 +4,8 @@ Decisions (applied, stand down, disabled) are INFO on local rank 0 and DEBUG
 on the other ranks, so an 8-rank job prints each once; problems are WARNING on
 every rank, because each rank's memory is its own. Routine sleep/wake lines
 (``event``) are INFO only where they matter (an engine's first sleep and wake,
-a problem) and DEBUG otherwise; ``SHIM_DEBUG=1`` shows them all. ``logging`` is
+a problem) and DEBUG otherwise; ``SHIM_DEBUG=1`` shows them all. Lines said once per
+process go through :func:`once` (one registry, keyed by tuples or strings). ``logging`` is
 imported on the first line logged, not at start-up.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 _logger = None
 _debug = False
+_once: dict = {}  # key -> the token of its first :func:`once`: the keys seen in this process
 
 DEBUG, INFO, WARNING = 10, 20, 30
 
@@ -88,3 +90,27 @@ def debugging() -> bool:
 def debug(message: str) -> None:
     if _debug:
         get().debug(message)
+
+
+def once(key) -> bool:
+    """True the first time ``key`` (a string or a tuple, e.g. ``("switch", name)``) is seen in this process,
+    False after; thread-safe (``dict.setdefault`` is one step under the GIL)."""
+    token = object()
+    return _once.setdefault(key, token) is token
+
+
+def warning_once(key, message: str) -> None:
+    """``message`` as a WARNING the first time ``key`` is seen, as a DEBUG line after."""
+    if once(key):
+        warning(message)
+    else:
+        debug(message)
+
+
+def forget(key) -> None:
+    """Forget ``key`` and every tuple key that starts with it (``forget("switch")`` forgets
+    ``("switch", name)`` of every name), so the next :func:`once` of them is True again (tests)."""
+    prefix = key if isinstance(key, tuple) else (key,)
+    for seen in list(_once):
+        if seen == key or (isinstance(seen, tuple) and seen[:len(prefix)] == prefix):
+            _once.pop(seen, None)

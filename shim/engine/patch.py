@@ -5,8 +5,9 @@ A record says what it fixes (``issue``, ``distribution``, ``affected``, ``fixed_
 for a check that reports and changes nothing), how it is applied (``module``, ``apply``, ``probe``)
 and, for a feature that needs turning on, its ``switch`` (an environment variable); where the
 generated contract tests it (``tested_at``: the test environment kind and release,
-e.g. ``("trl", "1.9.2")``). Its bug (``patches/bugs.py``) is named by its ``INDEX`` row. ``python -m shim
-status``, ``doctor`` and the bug table (docs/bugs.md, ``python -m shim.cli.table``) are read from these records.
+e.g. ``("trl", "1.9.2")``); what it changes (``summary``; in full: ``changes``) and how that was
+verified (``verified``). Its bug (``patches/bugs.py``) is named by its ``INDEX`` row. ``python -m shim status``,
+``doctor`` and the generated docs/bugs.md and docs/patches.md (``python -m shim.cli.table``) read these records.
 """
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ class Patch:
     """
 
     __slots__ = ("id", "issue", "distribution", "affected", "module", "apply", "probe", "summary", "verified",
-                 "fixed_in", "kind", "tested_at", "switch")
+                 "fixed_in", "kind", "tested_at", "switch", "changes")
 
     def __init__(self, id: str, issue: str, distribution: str, affected: str, module: str,
                  apply: "Callable[[ModuleType, Patcher], None]",
                  probe: "Callable[[ModuleType], str | None] | None" = None,
                  summary: str = "", verified: str = "", fixed_in: "str | None" = None, kind: str = FIX,
-                 tested_at: "tuple | None" = None, switch: "str | None" = None):
+                 tested_at: "tuple | None" = None, switch: "str | None" = None, changes: str = ""):
         if kind not in KINDS:
             raise ValueError(f"Patch {id!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
         self.id, self.issue, self.distribution, self.affected = id, issue, distribution, affected
@@ -56,6 +57,9 @@ class Patch:
         self.kind, self.tested_at = kind, tuple(tested_at) if tested_at else None
         self.switch = switch
         """The environment switch a feature needs on (e.g. ``SHIM_VERIFY_WEIGHTS``), or None."""
+        self.changes = changes
+        """What the shim changes at this site, in full (docs/patches.md); "" where ``summary`` says it all.
+        ``verified``: how it was verified (the tests and runs behind each claim), in full."""
 
     def like(self, **changes) -> "Patch":
         """Another site of the same bug: this record with ``changes`` (its id, module, range, ``tested_at``, ...)."""
@@ -86,6 +90,11 @@ class Entry:
         entry = cls(patch.id, patch.module, None)
         entry._patch = patch
         return entry
+
+    @property
+    def loaded(self) -> "Patch | None":
+        """The record when it is loaded already, else None (never imports the patch module)."""
+        return self._patch
 
     def load(self) -> Patch:
         if self._patch is None:

@@ -1,22 +1,10 @@
 """Activation and decisions: lazy application of the patches, rollback, exact removal, status rows.
 
-The engine never imports the patches (``shim.engine.catalog`` does): :func:`activate`
-gets entries (a :class:`Patch`, or an :class:`Entry` whose record is loaded when
-its upstream module is imported). Each patch is applied by a post-import hook
-(``shim.engine.hooks``) on ONE concrete upstream module (never a package root: trl and
-transformers swap ``sys.modules`` entries for lazy modules). Inside the hook, in
-this order: version in range (from metadata, prereleases count), probe of the
-upstream shape, then ``apply`` as a unit. Whatever happens, exactly one log line
+The engine never imports the patches (``shim.engine.catalog`` does): :func:`activate` gets entries (a
+:class:`Patch`, or an :class:`Entry` whose record is loaded when its upstream module is imported). Each patch is
+applied by a post-import hook (``shim.engine.hooks``) on ONE concrete upstream module, never a package root:
+trl and transformers swap ``sys.modules`` entries for lazy modules. Whatever happens, exactly one log line
 records the decision, and an exception never escapes into the user's import.
-
-``SHIM_STRICT=1`` makes a failing patch raise :class:`PatchFailed`, but only once
-every patch is registered: a failure on a module imported before activation is
-raised at the end of :func:`activate`, never in the middle of its loop.
-
-Hooks, probes and ``apply`` run outside the registry's lock (a probe imports
-upstream modules, and the import lock must never be taken while ours is held):
-a patch is first *claimed* under the lock, so it runs once even when two
-threads import its module at the same moment.
 """
 from __future__ import annotations
 
@@ -55,7 +43,7 @@ def _decide(entry, decision: str, reason: str = "", version: "str | None" = None
         _registry.decisions[entry.id] = Decision(decision, reason, version)
     if decision == WAITING:
         return
-    patch = patch or getattr(entry, "_patch", None) or (entry if isinstance(entry, Patch) else None)
+    patch = patch or getattr(entry, "loaded", None) or (entry if isinstance(entry, Patch) else None)
     if patch is not None:
         where = f"{patch.distribution} {version}" if version else patch.distribution
         line = f"{patch.id} ({patch.issue}, {where}): {Decision(decision, reason).text()}"
@@ -79,6 +67,10 @@ def activate(items: list, known_removed: "dict | None" = None) -> bool:
     ``ConfigError`` before anything is registered, and :class:`PatchFailed` after every patch is.
     An unknown id in SHIM_DISABLED_PATCHES is one WARNING; ``known_removed`` ids
     (patches deleted on schedule) are accepted silently.
+
+    ``SHIM_STRICT=1`` makes a failing patch raise :class:`PatchFailed`, but only once every patch is
+    registered: a failure on a module imported before activation is raised at the end, never in the
+    middle of the loop.
     """
     with _registry.lock:
         if _registry.active:
@@ -135,7 +127,13 @@ def _register_hook(entry: Entry) -> None:
 
 
 def _on_import(entry, module) -> None:
-    """Decide and apply; never raises unless strict. Runs once per patch."""
+    """Decide and apply; never raises unless strict. Runs once per patch.
+
+    In this order: version in range (from metadata, prereleases count), probe of the upstream shape,
+    then ``apply`` as a unit. Hooks, probes and ``apply`` run outside the registry's lock (a probe
+    imports upstream modules, and the import lock must never be taken while ours is held): a patch is
+    first *claimed* under the lock, so it runs once even when two threads import its module at once.
+    """
     entry = _entry(entry)
     with _registry.lock:
         current = _registry.decisions.get(entry.id)
@@ -256,3 +254,8 @@ def decision_text(row: dict) -> str:
     if row.get("acted"):
         text += f", acted {row['acted']} time{'s' if row['acted'] != 1 else ''}"
     return text
+
+
+def unimportable(patch: Patch, exc: BaseException) -> None:
+    """``status --import``: the hooked module of ``patch`` cannot be imported, so its hook never runs; say why."""
+    _decide(patch, STAND_DOWN, f"cannot import {patch.module}: {type(exc).__name__}: {exc}")

@@ -1,41 +1,12 @@
 """Sleep/wake telemetry: one event per engine construction, sleep and wake.
 
-Every event is one log line through ``shim.engine.log`` with the bytes the sleep
-allocator tracked and the bytes the sleep gave back: read on the device
-(``mem_get_info`` right before and after the call, cached blocks given back
-first) or, where ``shim.vllm.sleep_verdict``'s rule allows, taken from the sleep
-pool's bookkeeping (``measured``; see ``shim.vllm.sleep_check``). Log volume over a
-long run: INFO for each engine's construction, its first sleep and first wake,
-every ineffective sleep and the first of each kind of correction the shim made
-(the record's note); the other sleep/wake lines are DEBUG (``SHIM_DEBUG=1``
-shows them); one INFO
-summary line every ``SHIM_SUMMARY_EVERY`` sleeps (default 50) or 10 minutes,
-and one at exit. With ``SHIM_TRACE=PATH`` each
-event is also appended to PATH as one JSON line; every record carries ``rank``
-(``RANK``/``LOCAL_RANK``), ``pid``, ``ppid`` and ``host``, and is written with one ``os.write`` on an
-``O_APPEND`` descriptor, so many ranks can share the file without interleaving
-lines.
-
-An ``activate`` record (``rank``, ``pid``, ``ppid``, ``host``, ``argv``) marks every process
-that turned the shim on: launchers, torchrun agents, ranks.
-
-Record keys: ``v`` (schema 1), ``event`` (``init`` | ``sleep`` | ``wake``), ``t``
-(end, epoch seconds), ``seconds``, ``rank``, ``local_rank``, ``pid``, ``ppid`` (the parent process:
-a vLLM engine-core process names the trainer process that started it), ``host``,
-``engine`` (``<Class>#<n>``), ``level`` (sleep), ``tags`` (wake: tags woken),
-``asleep`` (tags asleep after the event), ``tracked`` (bytes in the sleep pool
-before a sleep / after a wake or init), ``freed`` (sleep) or ``restored``
-(wake) or ``taken`` (init) bytes, ``effective`` (sleep: bool; else null),
-``free`` / ``total`` (device bytes after the event; null when the device was not
-read), ``measured`` (sleep / wake: ``device`` or ``pool``), ``note``, ``shim_s`` (sleep /
-wake: the shim's own seconds around vLLM's call; ``seconds`` is vLLM's call).
-
-Counters (:func:`count`, :func:`totals`): named process-wide counts other parts
-of the shim add to (``weight_pushes``, ``rollouts_verified``, ``rollouts_stale``,
-...) and latest figures (:func:`gauge`: ``verified_share``); ``shim.observe.trainer_metrics`` puts them,
-with the sleep figures, into the trainer's logged metrics as ``shim/<name>``.
-
-The trace files are read back by ``shim.observe.tracefile`` (``python -m shim report``).
+Every event is one log line through ``shim.engine.log`` with the bytes the sleep allocator tracked and the bytes
+the sleep gave back (read on the device, or from the sleep pool's bookkeeping where ``shim.vllm.sleep_verdict``
+allows), at INFO only where it matters (:func:`_important`; the rest at DEBUG, one summary line every
+``SHIM_SUMMARY_EVERY`` sleeps or 10 minutes, one at exit). With ``SHIM_TRACE=PATH`` each event is also one
+JSON line of PATH (:func:`emit`), read back by ``shim.observe.tracefile`` (``python -m shim report``).
+Counters (:func:`count`, :func:`gauge`) are process-wide figures other parts of the shim add to;
+``shim.observe.trainer_metrics`` puts them into the trainer's logged metrics as ``shim/<name>``.
 """
 from __future__ import annotations
 
@@ -107,7 +78,11 @@ def write_trace(path: str, rec: dict) -> None:
 
 
 def record_activation(path: str) -> None:
-    """One ``activate`` record per process that turned the shim on (which ranks and launchers it reached)."""
+    """One ``activate`` record per process that turned the shim on (which ranks and launchers it reached).
+
+    The ``activate`` record (``rank``, ``pid``, ``ppid``, ``host``, ``argv``) marks every process that turned
+    the shim on: launchers, torchrun agents, ranks.
+    """
     import sys
 
     rank = os.environ.get("RANK")
@@ -118,7 +93,28 @@ def record_activation(path: str) -> None:
 
 
 def emit(event: str, engine: str, seconds: float, **fields) -> dict:
-    """Record one event: log line (INFO or DEBUG, see the module docstring), trace line, summary."""
+    """Record one event: log line (INFO or DEBUG, see the module docstring), trace line, summary.
+
+    Measured: ``mem_get_info`` right before and after the call, cached blocks given back first, or,
+    where ``shim.vllm.sleep_verdict``'s rule allows, the sleep pool's bookkeeping (``measured``; see
+    ``shim.vllm.sleep_check``). Log volume over a long run: INFO for each engine's construction, its
+    first sleep and first wake, every ineffective sleep and the first of each kind of correction the
+    shim made (the record's note); the other sleep/wake lines are DEBUG (``SHIM_DEBUG=1`` shows them);
+    one INFO summary line every ``SHIM_SUMMARY_EVERY`` sleeps (default 50) or 10 minutes, and one at exit.
+
+    With ``SHIM_TRACE=PATH`` the record is appended to PATH as one JSON line; every record carries
+    ``rank`` (``RANK``/``LOCAL_RANK``), ``pid``, ``ppid`` and ``host``, and is written with one
+    ``os.write`` on an ``O_APPEND`` descriptor, so many ranks can share the file without interleaving
+    lines. Record keys: ``v`` (schema 1), ``event`` (``init`` | ``sleep`` | ``wake``), ``t`` (end, epoch
+    seconds), ``seconds``, ``rank``, ``local_rank``, ``pid``, ``ppid`` (the parent process: a vLLM
+    engine-core process names the trainer process that started it), ``host``, ``engine``
+    (``<Class>#<n>``), ``level`` (sleep), ``tags`` (wake: tags woken), ``asleep`` (tags asleep after the
+    event), ``tracked`` (bytes in the sleep pool before a sleep / after a wake or init), ``freed``
+    (sleep) or ``restored`` (wake) or ``taken`` (init) bytes, ``effective`` (sleep: bool; else null),
+    ``free`` / ``total`` (device bytes after the event; null when the device was not read),
+    ``measured`` (sleep / wake: ``device`` or ``pool``), ``note``, ``shim_s`` (sleep / wake: the shim's
+    own seconds around vLLM's call; ``seconds`` is vLLM's call).
+    """
     now = time.time()
     rec = {"v": SCHEMA, "event": event, "t": now, "seconds": seconds, "rank": log.rank(),
            "local_rank": log.local_rank(), "pid": os.getpid(), "ppid": os.getppid(), "host": host(),
@@ -208,7 +204,11 @@ def _account(rec: dict) -> None:
 def count(name: str, n: int = 1) -> None:
     """Add ``n`` to the process-wide counter ``name`` (e.g. ``"weight_pushes"``,
     ``"rollouts_verified"``, ``"rollouts_stale"``); it shows in the trainer's metrics as
-    ``shim/<name>``. Never raises."""
+    ``shim/<name>``. Never raises.
+
+    Named process-wide counts (``weight_pushes``, ``rollouts_verified``, ``rollouts_stale``, ...),
+    read with :func:`totals`; latest figures go through :func:`gauge` (``verified_share``).
+    """
     try:
         with _lock:
             _counters[name] = _counters.get(name, 0) + n

@@ -1,44 +1,12 @@
 """The shim's figures in the trainer's own logged metrics, and the stale-rollout alarm.
 
-Bound to ``transformers.trainer.Trainer.log`` by ``patches/trainer_metrics.py``.
-At every logging step, before the trainer records its logs:
-
-- keys ``shim/<name>`` are added to the logs dict: ``shim/sleeps`` and
-  ``shim/ineffective_sleeps`` (measured sleeps of this process so far; present
-  once the shim saw an engine), ``shim/gib_freed_per_sleep`` (mean over the
-  sleeps since the previous logging step; absent when there were none), and
-  every counter of ``shim.observe.events.count`` once it is non-zero
-  (``shim/weight_pushes``: trained weights written into the engine, TRL's through the
-  shim's push paths of ``shim.trl.synced_llm``, ms-swift's each ``_move_model_to_vllm``
-  (:func:`count_push`); ``shim/rollouts_verified`` / ``shim/rollouts_partly_verified`` /
-  ``shim/rollouts_stale`` from weight verification, and ``shim/verified_share``, the verified share of
-  the engine's bytes at the last check: below 1 where tensors were left out; ...). Counts are per process (rank): the console,
-  wandb and tensorboard show rank 0's, as for every other metric;
-- the stale-rollout alarm reads the trainer's own measure of how far vLLM's
-  sampling log-probs are from the trainer's (TRL ``sampling/sampling_logp_difference/mean``,
-  mean |logp_vLLM - logp_trainer| per token, logged with
-  ``vllm_importance_sampling_correction``, TRL's default; ms-swift 4.x
-  ``rollout_correction/log_ppl_abs_diff``, logged with ``--log_rollout_offpolicy_metrics true``
-  or ``--rollout_importance_sampling_mode``; ms-swift 3.x logs no equivalent). Above
-  ``SHIM_STALE_ALARM`` (default 0.05) for :data:`CONSECUTIVE` logging steps in a
-  row: one WARNING (on the world-process-zero rank) with the likely causes and
-  what to check. ``shim/stale_rollout_alarm`` (0 / 1) is logged next to the
-  watched value.
-
-Why the base ``Trainer.log`` and not a ``TrainerCallback``: in transformers
-(4.57.6 and 5.x) ``Trainer.log`` appends ``{**logs, "step": ...}`` to
-``state.log_history`` and only then calls the callbacks' ``on_log``, so a
-callback's additions never reach ``log_history`` (nor ms-swift's
-``logging.jsonl`` consumers that read it), and callbacks after it in the list
-would not see them. TRL's and ms-swift's trainers override ``log`` to add their
-own metrics (``_metrics``, ``custom_metrics``) and then call ``super().log(logs)``:
-the base method sees those metrics (the alarm's input) and the shim's keys are in
-the dict before it is recorded and handed to every callback (console, wandb,
-tensorboard, ms-swift's jsonl writer). One wrapper on one concrete class reaches
-every trainer without touching any trainer's ``__init__`` or callback list.
-
-Never the reason training stops: any error in here is logged once (WARNING, then
-DEBUG) and the trainer's ``log`` runs unchanged; ``SHIM_STRICT=1`` raises.
+Bound to ``transformers.trainer.Trainer.log`` by ``patches/trainer_metrics.py``: at every logging step, before
+the trainer records its logs, keys ``shim/<name>`` are added (:func:`figures`) and the trainer's own measure of
+how far vLLM's sampling log-probs are from the trainer's feeds the stale-rollout alarm (:func:`observe`). The
+base ``Trainer.log``, not a ``TrainerCallback``: ``Trainer.log`` appends to ``state.log_history`` before it
+calls ``on_log``, so a callback's additions would never be recorded (:func:`wrap_log` says more). Never the
+reason training stops: any error in here is logged once (WARNING, then DEBUG) and the trainer's ``log`` runs
+unchanged; ``SHIM_STRICT=1`` raises.
 """
 from __future__ import annotations
 
@@ -58,7 +26,7 @@ PREFIX = "shim/"
 _BASE = ("sleeps", "ineffective", "freed", "engines")
 
 _lock = threading.Lock()
-_state = {"sleeps": 0, "freed": 0, "streak": [], "fired": False, "errors": 0}
+_state = {"sleeps": 0, "freed": 0, "streak": [], "fired": False}
 
 
 def _number(value) -> "float | None":
@@ -72,7 +40,18 @@ def _number(value) -> "float | None":
 
 
 def figures() -> dict:
-    """The ``shim/`` keys for one logging step (advances the per-interval figures)."""
+    """The ``shim/`` keys for one logging step (advances the per-interval figures).
+
+    ``shim/sleeps`` and ``shim/ineffective_sleeps`` (measured sleeps of this process so far; present once
+    the shim saw an engine), ``shim/gib_freed_per_sleep`` (mean over the sleeps since the previous logging
+    step; absent when there were none), and every counter of ``shim.observe.events.count`` once it is
+    non-zero (``shim/weight_pushes``: trained weights written into the engine, TRL's through the shim's
+    push paths of ``shim.trl.synced_llm``, ms-swift's each ``_move_model_to_vllm`` (:func:`count_push`);
+    ``shim/rollouts_verified`` / ``shim/rollouts_partly_verified`` / ``shim/rollouts_stale`` from weight
+    verification, and ``shim/verified_share``, the verified share of the engine's bytes at the last check:
+    below 1 where tensors were left out; ...). Counts are per process (rank): the console, wandb and
+    tensorboard show rank 0's, as for every other metric.
+    """
     t = events.totals()
     out = {}
     with _lock:
@@ -92,7 +71,16 @@ def figures() -> dict:
 
 
 def observe(trainer, logs: dict, step) -> "float | None":
-    """Feed the alarm one logging step; returns the watched value (None when absent)."""
+    """Feed the alarm one logging step; returns the watched value (None when absent).
+
+    The watched value: TRL ``sampling/sampling_logp_difference/mean`` (mean |logp_vLLM - logp_trainer| per
+    token, logged with ``vllm_importance_sampling_correction``, TRL's default); ms-swift 4.x
+    ``rollout_correction/log_ppl_abs_diff`` (logged with ``--log_rollout_offpolicy_metrics true`` or
+    ``--rollout_importance_sampling_mode``; ms-swift 3.x logs no equivalent). Above ``SHIM_STALE_ALARM``
+    (default 0.05) for :data:`CONSECUTIVE` logging steps in a row: one WARNING (on the world-process-zero
+    rank) with the likely causes and what to check; ``shim/stale_rollout_alarm`` (0 / 1) is logged next
+    to the watched value.
+    """
     key = next((k for k in WATCHED if k in logs), None)
     value = _number(logs.get(key)) if key else None
     if value is None:
@@ -165,17 +153,27 @@ def on_log(trainer, logs: dict) -> None:
 
 
 def wrap_log(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``Trainer.log(self, logs, start_time=None)``."""
+    """wrapt wrapper for ``Trainer.log(self, logs, start_time=None)``.
+
+    Why the base ``Trainer.log`` and not a ``TrainerCallback``: in transformers (4.57.6 and 5.x)
+    ``Trainer.log`` appends ``{**logs, "step": ...}`` to ``state.log_history`` and only then calls the
+    callbacks' ``on_log``, so a callback's additions never reach ``log_history`` (nor ms-swift's
+    ``logging.jsonl`` consumers that read it), and callbacks after it in the list would not see them.
+    TRL's and ms-swift's trainers override ``log`` to add their own metrics (``_metrics``,
+    ``custom_metrics``) and then call ``super().log(logs)``: the base method sees those metrics (the
+    alarm's input) and the shim's keys are in the dict before it is recorded and handed to every
+    callback (console, wandb, tensorboard, ms-swift's jsonl writer). One wrapper on one concrete class
+    reaches every trainer without touching any trainer's ``__init__`` or callback list.
+    """
     try:
         logs = args[0] if args else kwargs.get("logs")
         if isinstance(logs, dict):
             on_log(instance, logs)
     except Exception as exc:  # the trainer's own log must run whatever happens here
-        _state["errors"] += 1
         if config.strict():
             raise
-        line = f"trainer-metrics: shim figures left out of this log ({type(exc).__name__}: {exc}); training goes on"
-        (log.warning if _state["errors"] == 1 else log.debug)(line)
+        log.warning_once(("trainer-metrics", "error"), f"trainer-metrics: shim figures left out of this log "
+                         f"({type(exc).__name__}: {exc}); training goes on")
     return wrapped(*args, **kwargs)
 
 
@@ -191,4 +189,5 @@ def count_push(wrapped, instance, args, kwargs):
 def reset() -> None:
     """Forget the interval figures and the alarm (tests)."""
     with _lock:
-        _state.update(sleeps=0, freed=0, streak=[], fired=False, errors=0)
+        _state.update(sleeps=0, freed=0, streak=[], fired=False)
+    log.forget("trainer-metrics")

@@ -1,39 +1,14 @@
 """The shim in the actors and tasks of a Ray job whose driver runs under it, on a cluster the driver joined.
 
-``python -m shim CMD`` reaches every process CMD starts through ``PYTHONPATH`` (``shim/_bootstrap``), and
-the workers of a cluster that ``ray.init()`` starts are the driver's descendants: they inherit it. The workers
-of a cluster started with ``ray start`` (multi-node verl, OpenRLHF, ms-swift Ray) are children of the node's
-raylet, started with the raylet's environment: without this the shim is off in every actor unless ``python -m
-shim install`` ran on every node.
-
-Bound to ``ray._private.worker.connect`` by ``patches/ray_cluster.py``: the driver's ``connect`` receives the
-job's final runtime_env (``ray.init(runtime_env=...)``, ``JobConfig(runtime_env=...)``, a submitted job's own
-(``RAY_JOB_CONFIG_JSON_ENV_VAR``) and ``RAY_RUNTIME_ENV_HOOK`` already merged by ``ray.init``; read in ray
-2.49.2 ``_private/worker.py``), and uploads it (``py_modules``, the setup hook) before the job's first worker
-starts. Where the driver joined a cluster (``node.head`` false: ``Node(connect_only=True)``), :func:`merged`
-adds to that runtime_env, through Ray's own fields:
-
-- ``worker_process_setup_hook``: a function that activates the shim in the worker process before it runs a
-  task, then calls the user's own hook (a callable or a ``"module.function"`` string), whose errors stay the
-  user's (Ray reports them as without the shim). The function is pickled by value (defined in
-  :func:`setup_hook`, it references nothing of the shim's), so it loads in every worker: where the shim is
-  not importable (an actor whose own runtime_env replaces ``py_modules``) it prints one line and the user's
-  hook still runs: the shim never stops a worker.
-- ``env_vars``: the driver's ``SHIM_*`` switches (``shim.engine.config.ALL``), so an actor behaves as the
-  driver asked (disable list, verification, trace, strict); the user's own ``env_vars`` win on a conflict.
-- ``py_modules``: this ``shim`` package (``shim.patches`` inside it, also from a source checkout), after the
-  user's own entries. Always on a joined cluster: the driver cannot see which nodes have the shim installed (nodes
-  join later), the package is 1.3 MB (0.43 MB zipped, wrapt's included), uploaded once per content (Ray names it
-  by its hash, in the cluster's store) and unpacked once per node, and the actors then run the driver's own
-  release (the two halves of a weight verification, the ids of the disable list) even where a node has another
-  one. The driver's ``wrapt`` (the shim's one dependency Ray does not require; ``packaging`` it does) travels
-  inside it (``shim/_vendor``), and the hook puts it at the END of the worker's path only where the node has no
-  ``wrapt``: a node's own ``wrapt`` is never shadowed.
-
-Nothing is added where ``ray.init()`` started the cluster itself (its workers inherit the driver's
-environment, shim included), in local mode, or for a Ray Client driver (``ray://``: Ray prepares that job's
-environment on the server). The user's runtime_env objects are never changed (new dicts). Any error here is
-one WARNING and the job starts with the runtime_env the user gave; ``SHIM_STRICT=1`` raises.
+``python -m shim CMD`` reaches every process CMD starts through ``PYTHONPATH``, and the workers of a cluster that
+``ray.init()`` starts inherit it. The workers of a cluster started with ``ray start`` (multi-node verl, OpenRLHF,
+ms-swift Ray) are children of the node's raylet, started with the raylet's environment: without this the shim
+is off in every actor unless ``python -m shim install`` ran on every node. Bound to
+``ray._private.worker.connect`` by ``patches/ray_cluster.py``: where the driver joined a cluster, :func:`merged`
+adds the shim to the job's runtime_env through Ray's own fields. Nothing is added where ``ray.init()`` started
+the cluster, in local mode, or for a Ray Client driver (``ray://``: Ray prepares that job's environment on the
+server). The user's runtime_env objects are never changed (new dicts). Any error here is one WARNING and the
+job starts with the runtime_env the user gave; ``SHIM_STRICT=1`` raises.
 """
 from __future__ import annotations
 
@@ -55,7 +30,14 @@ SETUP_MARKER = "_shim_ray_setup"
 
 
 def wrap_connect(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``ray._private.worker.connect(node, session_name, mode=..., ..., job_config=...)``."""
+    """wrapt wrapper for ``ray._private.worker.connect(node, session_name, mode=..., ..., job_config=...)``.
+
+    The driver's ``connect`` receives the job's final runtime_env (``ray.init(runtime_env=...)``,
+    ``JobConfig(runtime_env=...)``, a submitted job's own (``RAY_JOB_CONFIG_JSON_ENV_VAR``) and
+    ``RAY_RUNTIME_ENV_HOOK`` already merged by ``ray.init``; read in ray 2.49.2 ``_private/worker.py``), and
+    uploads it (``py_modules``, the setup hook) before the job's first worker starts. A joined cluster:
+    ``node.head`` false (``Node(connect_only=True)``).
+    """
     import shutil
     import tempfile
 
@@ -90,7 +72,26 @@ def _joins_cluster(wrapped, args, kwargs, job_config) -> bool:
 def merged(runtime_env, shim_dir: str) -> dict:
     """A new runtime_env: ``runtime_env`` (a dict or Ray's ``RuntimeEnv``, or None) with the shim's setup hook
     (chaining the user's), ``SHIM_*`` switches (the user's ``env_vars`` win) and ``shim_dir`` after the
-    user's ``py_modules``. ``runtime_env`` itself is left as it was."""
+    user's ``py_modules``. ``runtime_env`` itself is left as it was.
+
+    - ``worker_process_setup_hook``: a function that activates the shim in the worker process before it
+      runs a task, then calls the user's own hook (a callable or a ``"module.function"`` string), whose
+      errors stay the user's (Ray reports them as without the shim). The function is pickled by value
+      (defined in :func:`setup_hook`, it references nothing of the shim's), so it loads in every worker:
+      where the shim is not importable (an actor whose own runtime_env replaces ``py_modules``) it prints
+      one line and the user's hook still runs: the shim never stops a worker.
+    - ``env_vars``: the driver's ``SHIM_*`` switches (``shim.engine.config.ALL``), so an actor behaves as
+      the driver asked (disable list, verification, trace, strict); the user's own ``env_vars`` win.
+    - ``py_modules``: this ``shim`` package (``shim.patches`` inside it, also from a source checkout),
+      after the user's own entries. Always on a joined cluster: the driver cannot see which nodes have the
+      shim installed (nodes join later), the package is 1.3 MB (0.43 MB zipped, wrapt's included),
+      uploaded once per content (Ray names it by its hash, in the cluster's store) and unpacked once per
+      node, and the actors then run the driver's own release (the two halves of a weight verification,
+      the ids of the disable list) even where a node has another one. The driver's ``wrapt`` (the shim's
+      one dependency Ray does not require; ``packaging`` it does) travels inside it (``shim/_vendor``),
+      and the hook puts it at the END of the worker's path only where the node has no ``wrapt``: a
+      node's own ``wrapt`` is never shadowed.
+    """
     result = dict(runtime_env or {})
     env_vars = {name: os.environ[name] for name in SWITCHES if os.environ.get(name)}
     env_vars.update(result.get("env_vars") or {})

@@ -1,23 +1,11 @@
 """ms-swift's PEFT weight push with the LoRA adapter merged out of place (``swift-lora-merge-drift``, ``-3x``).
 
-ms-swift 3.10-4.6 ``RolloutTrainerMixin._move_model_to_vllm``: with ``--tuner_type lora`` and vLLM's
-own LoRA off, ``_move_full_model_to_vllm`` runs per parameter group ``patch_lora_merge`` (each
-LoraLayer's ``merge`` restricted to the group), ``model.merge_adapter()``, collects the group's
-``param.data`` (3.x: ``model.state_dict()``, tensors sharing the parameters' storage) under vLLM's
-names and hands them to ``_load_state_dict_to_vllm`` (colocate: ``load_weights(state_dict.items())``;
-server: flattened buckets or ``update_named_param``), then ``model.unmerge_adapter()``. With vLLM's LoRA on, ``_move_adapter_to_vllm`` merges and unmerges too,
-around ``get_peft_model_state_dict``, which reads the adapter tensors only.
-
-:func:`move_model_to_vllm` wraps one push: ``shim.peft.merge.Push`` stands in for the model's merge
-and unmerge, and ``_load_state_dict_to_vllm`` is stood in for on the trainer by the class's own
-called with a read-only view of the state dict whose values pass through ``Push.tensor`` as they are
-read (a LoRA base weight comes out merged by its layer's ``merge`` -- ms-swift's group-restricted one,
-then PEFT's -- applied to a copy, one layer at a time). The adapter push needs no merge at all: the
-stand-in merge writes nothing and the adapter tensors are read as they are.
-
-Left to upstream, as it is: not a PEFT model; FSDP2 (ms-swift merges out of place there itself,
-``_merge_lora_into_state_dict``); colocate on an NPU (vllm-ascend's reload runner reads the state
-dicts without ``_load_state_dict_to_vllm``); a layer the out-of-place path cannot reproduce.
+ms-swift merges the adapter into the base weights in place around every push, and in bf16 the unmerge does not
+give the base back: :func:`move_model_to_vllm` makes the merge and unmerge write nothing and hands the engine
+each LoRA base tensor merged on a copy (``shim.peft.merge.Push``). Left to upstream, as it is: not a PEFT
+model; FSDP2 (ms-swift merges out of place there itself, ``_merge_lora_into_state_dict``); colocate on an NPU
+(vllm-ascend's reload runner reads the state dicts without ``_load_state_dict_to_vllm``); a layer the
+out-of-place path cannot reproduce.
 """
 from __future__ import annotations
 
@@ -63,7 +51,24 @@ def _loading_merged(trainer, push):
 
 
 def move_model_to_vllm(patch_id: str):
-    """Wrapper of ``RolloutTrainerMixin._move_model_to_vllm`` for the record ``patch_id``."""
+    """Wrapper of ``RolloutTrainerMixin._move_model_to_vllm`` for the record ``patch_id``.
+
+    Upstream (3.10-4.6 ``RolloutTrainerMixin._move_model_to_vllm``): with ``--tuner_type lora`` and vLLM's
+    own LoRA off, ``_move_full_model_to_vllm`` runs per parameter group ``patch_lora_merge`` (each
+    LoraLayer's ``merge`` restricted to the group), ``model.merge_adapter()``, collects the group's
+    ``param.data`` (3.x: ``model.state_dict()``, tensors sharing the parameters' storage) under vLLM's
+    names and hands them to ``_load_state_dict_to_vllm`` (colocate: ``load_weights(state_dict.items())``;
+    server: flattened buckets or ``update_named_param``), then ``model.unmerge_adapter()``. With vLLM's
+    LoRA on, ``_move_adapter_to_vllm`` merges and unmerges too, around ``get_peft_model_state_dict``,
+    which reads the adapter tensors only.
+
+    One push: ``shim.peft.merge.Push`` stands in for the model's merge and unmerge, and
+    ``_load_state_dict_to_vllm`` is stood in for on the trainer by the class's own called with a
+    read-only view of the state dict whose values pass through ``Push.tensor`` as they are read (a LoRA
+    base weight comes out merged by its layer's ``merge`` -- ms-swift's group-restricted one, then
+    PEFT's -- applied to a copy, one layer at a time). The adapter push needs no merge at all: the
+    stand-in merge writes nothing and the adapter tensors are read as they are.
+    """
 
     def wrapper(wrapped, instance, args, kwargs):
         push = merge.plan(patch_id, getattr(instance, "model", None), why_not=_why_not(instance), whole=False)

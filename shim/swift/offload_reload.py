@@ -2,16 +2,10 @@
 ``swift-gkd-offload-reload`` and ``swift-grpo-offload-reload``; the why is in
 ``patches/swift_offload_reload.py``).
 
-One ``offload_context`` at a time: while it is entered, each ``self.offload_model(model)`` it calls is
-watched, and the model counts as moved where one of its tensors (each parameter, a ZeRO-3 parameter's
-partition ``ds_tensor`` too, each buffer) is no longer where it was: another device, or another storage
-(``offload_model`` replaces ``param.data`` with a CPU copy of a tensor on the device; a tensor already on
-the CPU it leaves as it is). While the context exits, ``self.load_model(model)`` runs for the models
-counted moved and does nothing for the others: ms-swift 4.6.0's ``GRPOTrainer.offload_context`` ("Only
-reload models that this context actually moved off the GPU"), read from what happened instead of from
-4.6.0's ``offload_model`` return value (4.0-4.5 return nothing). The optimizer is left to ms-swift. A
-model whose tensors cannot be read counts as moved, and a trainer whose methods cannot be shadowed
-keeps ms-swift's own reload: upstream's behaviour, never a model left on the CPU that left the device.
+What moved is read from what happened (4.0-4.5's ``offload_model`` returns nothing), as ms-swift 4.6.0's
+``GRPOTrainer.offload_context`` reads it from the return value ("Only reload models that this context
+actually moved off the GPU"). A model whose tensors cannot be read counts as moved, and a trainer whose
+methods cannot be shadowed keeps ms-swift's own reload: never a model left on the CPU that left the device.
 """
 from __future__ import annotations
 
@@ -44,10 +38,19 @@ def placement(model) -> list:
 
 class ReloadOnlyMoved:
     """The release's ``offload_context()`` (a ``contextlib`` context manager) with the ``offload_model`` /
-    ``load_model`` calls it makes itself watched: entered and exited as the original is."""
+    ``load_model`` calls it makes itself watched: entered and exited as the original is.
 
-    def __init__(self, context, trainer, name: str, logged: list):
-        self._context, self._trainer, self._name, self._logged = context, trainer, name, logged
+    One ``offload_context`` at a time: while it is entered, each ``self.offload_model(model)`` it calls is
+    watched, and the model counts as moved where one of its tensors (each parameter, a ZeRO-3
+    parameter's partition ``ds_tensor`` too, each buffer) is no longer where it was: another device, or
+    another storage (``offload_model`` replaces ``param.data`` with a CPU copy of a tensor on the
+    device; a tensor already on the CPU it leaves as it is). While the context exits,
+    ``self.load_model(model)`` runs for the models counted moved and does nothing for the others. The
+    optimizer is left to ms-swift.
+    """
+
+    def __init__(self, context, trainer, name: str):
+        self._context, self._trainer, self._name = context, trainer, name
         self._moved: "dict | None" = None  # id(model) -> model; None: not watched, ms-swift reloads as it does
 
     def _shadowed(self, method: str, replacement, step):
@@ -96,17 +99,14 @@ class ReloadOnlyMoved:
         result, _ = self._shadowed("load_model", load_model, lambda: self._context.__exit__(*exc_info))
         if kept:
             log.event(f"{self._name}: offload_context moved nothing of {', '.join(kept)} off the device: not loaded "
-                      "onto it (as ms-swift 4.6.0's GRPOTrainer)", important=not self._logged)
-            self._logged.append(True)
+                      "onto it (as ms-swift 4.6.0's GRPOTrainer)", important=log.once((self._name, "left in place")))
         return result
 
 
 def wrapper(name: str):
     """The wrapt wrapper of an ``offload_context`` method; ``name``: the patch id, for its log lines (the
     first model left in place is an INFO line, later ones DEBUG)."""
-    logged: list = []
-
     def offload_context(wrapped, instance, args, kwargs):
-        return ReloadOnlyMoved(wrapped(*args, **kwargs), instance, name, logged)
+        return ReloadOnlyMoved(wrapped(*args, **kwargs), instance, name)
 
     return offload_context

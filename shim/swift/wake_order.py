@@ -48,10 +48,10 @@ def _defer(instance, step) -> "object | None":
     return engine if _wake_tags(engine) else None
 
 
-def _rollout_wrapper(step):
+def _rollout_wrapper(step, method: str):
     """A wrapt wrapper for a rollout method: the early weights wake held back for one call where
-    :func:`_defer` says. ``step(instance)``: the trainer's current step."""
-    logged = []
+    :func:`_defer` says. ``step(instance)``: the trainer's current step; ``method``: the wrapped method's
+    name (the first held-back wake of each is an INFO line, later ones DEBUG)."""
 
     def rollout(wrapped, instance, args, kwargs):
         try:
@@ -82,15 +82,14 @@ def _rollout_wrapper(step):
             result = wrapped(*args, **kwargs)
         if held == [True, False]:
             log.event("swift-resample-wake-order: same-step rollout without a weight push: vLLM's weights woken "
-                      "with the KV cache after offload_context (as ms-swift 4.6.0)", important=not logged)
-            logged.append(True)
+                      "with the KV cache after offload_context (as ms-swift 4.6.0)", important=log.once(("swift-resample-wake-order", method)))
         return result
 
     return rollout
 
 
-fast_infer = _rollout_wrapper(lambda t: t.state.global_step)
+fast_infer = _rollout_wrapper(lambda t: t.state.global_step, "_fast_infer")
 """``RolloutTrainerMixin._fast_infer`` (3.10-4.5.x) and ``GRPOTrainer._fast_infer`` (3.6-3.9)."""
 
-generate_completions = _rollout_wrapper(lambda t: t._step)
+generate_completions = _rollout_wrapper(lambda t: t._step, "_generate_completions")
 """``MegatronRolloutMixin._generate_completions`` (4.0-4.5.x)."""

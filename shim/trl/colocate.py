@@ -1,16 +1,10 @@
 """Binds ``shim.trl.synced_llm`` to a TRL class that keeps a colocated ``llm``.
 
-TRL 0.25-0.27 GRPO/RLOO, the experimental OnlineDPO (0.28+) and
-``VLLMGeneration`` (0.28+) share one shape:
-a push method (``_move_model_to_vllm``) that writes the trainer's weights into
-``self.llm``, and a generate method that wakes the engine, pushes only when
-``global_step`` changed, generates, and sleeps at level 2. The binding wraps
-both: the generate method attaches the synced proxy to ``self.llm`` (push = the
-trainer's own push method), the push method wakes the weights before writing
-and records the push. ms-swift's subclasses are never touched.
-
-Module import cost: nothing but this file; ``shim.trl.synced_llm`` is imported when a
-wrapper first runs.
+TRL 0.25-0.27 GRPO/RLOO, the experimental OnlineDPO (0.28+) and ``VLLMGeneration`` (0.28+) share one shape:
+a push method (``_move_model_to_vllm``) that writes the trainer's weights into ``self.llm``, and a generate
+method that wakes the engine, pushes only when ``global_step`` changed, generates, and sleeps at level 2.
+ms-swift's subclasses are never touched. Module import cost: nothing but this file; ``shim.trl.synced_llm``
+is imported when a wrapper first runs.
 """
 from __future__ import annotations
 
@@ -83,7 +77,11 @@ class _Site:
 
 def binding(class_name: str, generate_name: str, push_name: str = "_move_model_to_vllm",
             predicate=trainer_colocate_sleep, llm_attr: str = "llm"):
-    """(probe, apply) for a Patch on ``class_name`` in its module."""
+    """(probe, apply) for a Patch on ``class_name`` in its module.
+
+    The binding wraps both: the generate method attaches the synced proxy to ``self.llm`` (push = the
+    trainer's own push method), the push method wakes the weights before writing and records the push.
+    """
 
     def probe(module):
         cls = getattr(module, class_name, None)

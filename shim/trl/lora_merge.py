@@ -1,24 +1,11 @@
 """TRL's PEFT weight push with the LoRA adapter merged out of place (patches ``trl-lora-merge-drift*``).
 
-Every TRL push of a PEFT model runs ``model.merge_adapter()``, pushes each base tensor's
-``param.data``, then ``model.unmerge_adapter()``; ``shim.peft.merge.Push`` stands in for the merge and
-unmerge during one push and merges each LoRA base tensor out of place, one layer at a time, as the
-push reads it. Where TRL reads the tensors, by release:
-
-- 1.11-1.16 ``VLLMGeneration._iter_named_params``, the one iterator the colocate push
-  (``load_weights`` per tensor) and the server-mode stream (metadata pass, then
-  ``vllm_client.update_named_params``) read: :func:`iter_named_params` passes every yielded tensor
-  through ``Push.tensor``;
-- 0.28-1.10 ``VLLMGeneration.sync_weights`` and the 0.23-0.27 trainers' ``_move_model_to_vllm``
-  (GRPO, RLOO) push each tensor straight to the engine: the colocated engine model's
-  ``load_weights([(name, tensor)])`` or, in server mode, ``vllm_client.update_named_param(name,
-  tensor)`` (1.6+ through ``_push_param_to_vllm``, which calls the same two). :func:`pushes_merged`
-  stands in for those two on their objects (instance attributes, for the one push) with calls of
-  their own that get the tensors through ``Push.tensor``.
-
-Not a PEFT model, FSDP (TRL's FSDP walk re-gathers module by module, so a storage address noted at
-the merge is not the one pushed) or a layer the out-of-place path cannot reproduce: upstream's code,
-untouched.
+Every TRL push of a PEFT model runs ``model.merge_adapter()``, pushes each base tensor's ``param.data``, then
+``model.unmerge_adapter()``; ``shim.peft.merge.Push`` stands in for the merge and unmerge during one push and
+merges each LoRA base tensor out of place, one layer at a time, as the push reads it: through
+:func:`iter_named_params` (1.11-1.16) or :func:`pushes_merged` (0.23-1.10). Not a PEFT model, FSDP (TRL's
+FSDP walk re-gathers module by module, so a storage address noted at the merge is not the one pushed) or a
+layer the out-of-place path cannot reproduce: upstream's code, untouched.
 """
 from __future__ import annotations
 
@@ -42,7 +29,12 @@ def _stream(push, pairs):
 
 
 def iter_named_params(wrapped, instance, args, kwargs):
-    """Wrapper of ``VLLMGeneration._iter_named_params`` (a generator function: this returns a generator)."""
+    """Wrapper of ``VLLMGeneration._iter_named_params`` (a generator function: this returns a generator).
+
+    1.11-1.16 ``VLLMGeneration._iter_named_params`` is the one iterator the colocate push
+    (``load_weights`` per tensor) and the server-mode stream (metadata pass, then
+    ``vllm_client.update_named_params``) read: every yielded tensor passes through ``Push.tensor``.
+    """
     push = merge.plan("trl-lora-merge-drift", getattr(instance, "model", None),
                       why_not="FSDP" if _fsdp(instance) else None)
     if push is None:
@@ -86,7 +78,15 @@ def _through(push, owner, name, transform):
 
 def pushes_merged(patch_id: str):
     """Wrapper of a push method that writes each tensor to the engine itself (``VLLMGeneration.sync_weights``
-    0.28-1.10, ``GRPOTrainer``/``RLOOTrainer._move_model_to_vllm`` 0.23-0.27)."""
+    0.28-1.10, ``GRPOTrainer``/``RLOOTrainer._move_model_to_vllm`` 0.23-0.27).
+
+    0.28-1.10 ``VLLMGeneration.sync_weights`` and the 0.23-0.27 trainers' ``_move_model_to_vllm``
+    (GRPO, RLOO) push each tensor straight to the engine: the colocated engine model's
+    ``load_weights([(name, tensor)])`` or, in server mode, ``vllm_client.update_named_param(name,
+    tensor)`` (1.6+ through ``_push_param_to_vllm``, which calls the same two). Those two are stood in
+    for on their objects (instance attributes, for the one push) with calls of their own that get the
+    tensors through ``Push.tensor``.
+    """
 
     def wrapper(wrapped, instance, args, kwargs):
         model = getattr(instance, "model", None)

@@ -1,24 +1,11 @@
 """The sleep level of TRL's colocated engine, chosen by ``SHIM_SLEEP_LEVEL`` instead of hard-coded.
 
-TRL's ``VLLMGeneration`` (trl 0.28.0 - 1.16.0, read in every release's wheel) builds its colocated
-``vllm.LLM`` in ``_init_vllm`` and calls ``self.llm.sleep(level=2)`` right after it and at the end
-of every ``generate``; no argument changes the 2. Level 2 discards the weights; level 1 copies them
-to host memory and brings them back at the wake, together with every plain tensor the weights tag
-holds (kernel layouts, MoE maps, MLA's absorbed matrices: what no weight push rewrites). Users of
-backends whose level 2 is unreliable (vllm-ascend MoE: vllm-ascend#13012, #13352, #16725) need 1.
-
-:func:`engine_class` is the class the patch binds to the name ``LLM`` in
-``trl.generation.vllm_generation`` (the only place that module uses it is the construction): a
-subclass of vLLM's ``LLM`` whose ``sleep`` runs at :func:`level`. So the first sleep, right after
-construction, is covered too, and ``isinstance(llm, vllm.LLM)`` still holds. Level 0 (vLLM >= 0.18:
-pause scheduling only) is left as asked.
-
-What depends on the level is the shim's sleep state (``shim.vllm.sleep_state.note_sleep``): after
-a level-1 sleep the woken weights are the ones slept with, so no push is needed to make them valid;
-the TRL binding (``shim.trl.synced_llm``) records the level this module applied. TRL >= 1.10
-pushes before every generate after any sleep (``_llm_weights_sleeping``); 0.28 - 1.9.2 with the
-shim push whenever the weights were discarded: either way the rollouts use the trainer's weights
-at both levels.
+TRL's ``VLLMGeneration`` (trl 0.28.0 - 1.16.0, read in every release's wheel) calls ``self.llm.sleep(level=2)``
+right after building its colocated ``vllm.LLM`` in ``_init_vllm`` and at the end of every ``generate``; no
+argument changes the 2. Level 2 discards the weights; level 1 copies them to host memory and brings them back at
+the wake, together with every plain tensor the weights tag holds (kernel layouts, MoE maps, MLA's absorbed
+matrices: what no weight push rewrites). Users of backends whose level 2 is unreliable (vllm-ascend MoE:
+vllm-ascend#13012, #13352, #16725) need 1.
 """
 from __future__ import annotations
 
@@ -59,7 +46,17 @@ def _with_level(upstream, args, kwargs, value):
 
 def engine_class(base, patch_id: str):
     """A subclass of ``base`` (vLLM's ``LLM``) whose sleeps run at :func:`level`; carries the
-    patch's marker (``shim.engine.patcher.MARKER``) so ``status`` and ``remove`` see it."""
+    patch's marker (``shim.engine.patcher.MARKER``) so ``status`` and ``remove`` see it.
+
+    The patch binds it to the name ``LLM`` in ``trl.generation.vllm_generation`` (the only place that
+    module uses it is the construction), so the first sleep, right after construction, is covered too,
+    and ``isinstance(llm, vllm.LLM)`` still holds. Level 0 (vLLM >= 0.18: pause scheduling only) is left
+    as asked. What depends on the level is the shim's sleep state (``shim.vllm.sleep_state.note_sleep``):
+    after a level-1 sleep the woken weights are the ones slept with, so no push is needed to make them
+    valid; the TRL binding (``shim.trl.synced_llm``) records the level applied. TRL >= 1.10 pushes before
+    every generate after any sleep (``_llm_weights_sleeping``); 0.28 - 1.9.2 with the shim push whenever
+    the weights were discarded: either way the rollouts use the trainer's weights at both levels.
+    """
     from shim.engine.patcher import MARKER
 
     def sleep(self, *args, **kwargs):
@@ -67,8 +64,7 @@ def engine_class(base, patch_id: str):
         requested = call_args.arg(upstream, args, kwargs, "level", 1)
         chosen = level(self, requested)
         if chosen != requested:
-            if not getattr(self, "_shim_sleep_level_logged", False):
-                self._shim_sleep_level_logged = True
+            if log.once((patch_id, "engine", id(self))):
                 log.decision(f"{patch_id}: TRL's colocated engine sleeps at level {chosen} instead of "
                              f"{requested} ({config.SHIM_SLEEP_LEVEL}={chosen})")
             args, kwargs = _with_level(upstream, args, kwargs, chosen)

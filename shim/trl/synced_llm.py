@@ -1,27 +1,10 @@
 """A proxy for a colocated ``vllm.LLM`` that keeps its weights equal to the trainer's.
 
-Trainers drive sleep mode with their own counters (TRL's ``_last_loaded_step``,
-ms-swift's ``is_sleeping`` checks) and refill woken weights with
-``collective_rpc("reload_weights")``, which reads the checkpoint on disk -- the
-*initial* weights. :class:`SyncedLLM` sits where the trainer keeps its
-``llm`` and enforces one invariant instead, from the shared sleep state
-(``shim.vllm.sleep_state``):
-
-- ``generate``/``chat``: if the engine's weights are not the trainer's (asleep,
-  discarded by a level-2 sleep, or reloaded from disk), push the trainer's
-  weights first (the trainer's own push function);
-- ``collective_rpc("reload_weights")``: ``reload="replace"`` does not read the
-  disk; the push before the next generate puts the trainer's weights there
-  (what TRL 1.10.0 does, PR #5313: one push, only when needed);
-  ``reload="fallback"`` reloads, and where the backend has no
-  ``reload_weights`` (vllm-ascend < 0.24.0rc1 raises NotImplementedError) the
-  push before generate fills the weights instead;
-- ``wake_up(tags)``: wakes each requested tag that is asleep and skips the
-  awake ones (vLLM's executor ignores the whole call, with a warning, if any
-  requested tag is awake), after gc and the device's ``empty_cache``;
-- ``sleep(level)``: recorded in the sleep state, at the level the engine really sleeps at
-  (``shim.trl.sleep_level``: SHIM_SLEEP_LEVEL on TRL's ``VLLMGeneration`` engine).
-
+Trainers drive sleep mode with their own counters (TRL's ``_last_loaded_step``, ms-swift's ``is_sleeping``
+checks) and refill woken weights with ``collective_rpc("reload_weights")``, which reads the checkpoint on disk
+-- the *initial* weights. :class:`SyncedLLM` sits where the trainer keeps its ``llm`` and enforces one invariant
+instead, from the shared sleep state (``shim.vllm.sleep_state``): before a generate, the engine's weights are the
+trainer's (pushed with the trainer's own push function when they are asleep, discarded or reloaded from disk).
 Everything else is forwarded untouched (``isinstance(proxy, LLM)`` holds).
 """
 from __future__ import annotations
@@ -56,6 +39,20 @@ _classes: dict = {}
 
 
 def synced_class():
+    """What the proxy changes:
+
+    - ``generate``/``chat``: if the engine's weights are not the trainer's (asleep, discarded by a
+      level-2 sleep, or reloaded from disk), push the trainer's weights first;
+    - ``collective_rpc("reload_weights")``: ``reload="replace"`` does not read the disk; the push before
+      the next generate puts the trainer's weights there (what TRL 1.10.0 does, PR #5313: one push,
+      only when needed); ``reload="fallback"`` reloads, and where the backend has no ``reload_weights``
+      (vllm-ascend < 0.24.0rc1 raises NotImplementedError) the push before generate fills the weights;
+    - ``wake_up(tags)``: wakes each requested tag that is asleep and skips the awake ones (vLLM's
+      executor ignores the whole call, with a warning, if any requested tag is awake), after gc and the
+      device's ``empty_cache``;
+    - ``sleep(level)``: recorded in the sleep state, at the level the engine really sleeps at
+      (``shim.trl.sleep_level``: SHIM_SLEEP_LEVEL on TRL's ``VLLMGeneration`` engine).
+    """
     base = _proxy_base()
     if base in _classes:
         return _classes[base]

@@ -1,40 +1,33 @@
 """verl's HYBRID sleep with MTP speculative decoding on: level 1, as verl 0.9.0 does (verl#6661).
 
-verl 0.7.1 and 0.8.0 (read in the wheels, ``verl/workers/rollout/vllm_rollout/vllm_async_server.py``)
-sleep a HYBRID (colocated) full-weight rollout at level 2 whatever ``config.mtp`` says:
-0.7.1's ``vLLMHttpServer.sleep`` runs ``engine.collective_rpc("sleep", kwargs={"level": sleep_level})``,
-0.8.0's ``vLLMHttpServer._sleep_hybrid`` runs ``engine.sleep(level=sleep_level)``, with
-``sleep_level = 1`` only for a LoRA adapter (0.8.0: or NPU). Level 2 discards the MTP drafter's weights
-(vLLM loads the drafter into the same ``weights`` tag); the weight push does not bring them all back
-(0.7.1 never writes the drafter, 0.8.0 writes only the names the actor has), so after the first sleep
-the drafter proposes from garbage and no draft token is accepted. verl 0.9.0's ``_sleep_hybrid``::
-
-    mtp_config = getattr(self.config, "mtp", None)
-    mtp_rollout_enabled = (mtp_config is not None and getattr(mtp_config, "enable", False)
-                           and getattr(mtp_config, "enable_rollout", False))
-    if mtp_rollout_enabled or self.lora_as_adapter or is_torch_npu_available(check_device=False):
-        sleep_level = 1
-
-:func:`mtp_rollout_enabled` is that condition. :func:`sleep_wrapper` wraps the method that issues the
-HYBRID sleep (0.8.0: ``_sleep_hybrid``; 0.7.1: ``sleep``, in HYBRID mode only): when MTP rollout is on,
-for that one call the server's ``engine`` is a proxy (:class:`LevelOneEngine`, ``shim.engine.shadow``)
-whose ``sleep(level=2)`` and ``collective_rpc("sleep", kwargs={"level": 2})`` run at level 1; the rest
-of verl's method (0.8.0's ``reset_encoder_cache`` after the sleep) is upstream's, on the real engine.
-Levels other than 2 and every other call pass through. MTP off: nothing changes (level 2 stays).
-
-Level 1 costs host memory (the weights' size per engine) and a copy back at each wake; verl's wake and
-push are unchanged (0.9.0 pushes the trainer's weights after a level-1 wake the same way).
+verl 0.7.1 and 0.8.0 sleep a HYBRID (colocated) full-weight rollout at level 2 whatever ``config.mtp`` says
+(level 1 only for a LoRA adapter; 0.8.0: or NPU). Level 2 discards the MTP drafter's weights (vLLM loads the
+drafter into the same ``weights`` tag) and the weight push does not bring them all back (0.7.1 never writes the
+drafter, 0.8.0 writes only the names the actor has), so after the first sleep the drafter proposes from garbage
+and no draft token is accepted. Level 1 costs host memory (the weights' size per engine) and a copy back at
+each wake; verl's wake and push are unchanged (0.9.0 pushes the trainer's weights after a level-1 wake the
+same way).
 """
 from __future__ import annotations
 
 from shim.engine import call_args, log
 from shim.engine.shadow import shadow
 
-_logged: set = set()
-
 
 def mtp_rollout_enabled(server) -> bool:
-    """verl 0.9.0's condition, on the server's rollout config."""
+    """verl 0.9.0's condition, on the server's rollout config.
+
+    Read in the wheels (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``): 0.7.1's
+    ``vLLMHttpServer.sleep`` runs ``engine.collective_rpc("sleep", kwargs={"level": sleep_level})``,
+    0.8.0's ``vLLMHttpServer._sleep_hybrid`` runs ``engine.sleep(level=sleep_level)``. verl 0.9.0's
+    ``_sleep_hybrid``::
+
+        mtp_config = getattr(self.config, "mtp", None)
+        mtp_rollout_enabled = (mtp_config is not None and getattr(mtp_config, "enable", False)
+                               and getattr(mtp_config, "enable_rollout", False))
+        if mtp_rollout_enabled or self.lora_as_adapter or is_torch_npu_available(check_device=False):
+            sleep_level = 1
+    """
     mtp_config = getattr(getattr(server, "config", None), "mtp", None)
     return bool(mtp_config is not None and getattr(mtp_config, "enable", False)
                 and getattr(mtp_config, "enable_rollout", False))
@@ -72,8 +65,7 @@ def level_one_engine(engine, patch_id: str):
 
 
 def _note(patch_id: str) -> None:
-    if patch_id not in _logged:
-        _logged.add(patch_id)
+    if log.once((patch_id, "level 1")):
         log.decision(f"{patch_id}: verl's HYBRID rollout with MTP sleeps at level 1 instead of 2 "
                      "(the drafter's weights are kept, as verl 0.9.0 does)")
     else:
@@ -90,7 +82,15 @@ def _level_one(upstream, args, kwargs, patch_id):
 
 def sleep_wrapper(patch_id: str, hybrid_only: bool):
     """The wrapt wrapper of verl's coroutine method that issues the HYBRID sleep. ``hybrid_only``: the
-    method also serves other rollout modes (0.7.1's ``sleep``), act only in HYBRID mode."""
+    method also serves other rollout modes (0.7.1's ``sleep``), act only in HYBRID mode.
+
+    It wraps the method that issues the HYBRID sleep (0.8.0: ``_sleep_hybrid``; 0.7.1: ``sleep``, in
+    HYBRID mode only): when MTP rollout is on, for that one call the server's ``engine`` is a proxy
+    (:func:`level_one_engine`, ``shim.engine.shadow``) whose ``sleep(level=2)`` and
+    ``collective_rpc("sleep", kwargs={"level": 2})`` run at level 1; the rest of verl's method (0.8.0's
+    ``reset_encoder_cache`` after the sleep) is upstream's, on the real engine. Levels other than 2 and
+    every other call pass through. MTP off: nothing changes (level 2 stays).
+    """
 
     def wrapper(wrapped, instance, args, kwargs):
         try:

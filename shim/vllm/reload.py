@@ -34,7 +34,8 @@ where the CUDA graphs point -- and puts that tensor back (0.33 does the same for
 Before 0.16 (no layerwise reload), or where vLLM's ``initialize_layerwise_reload`` fails: the push runs
 as it is, then every attention layer whose own parameters or ``kv_b_proj`` it wrote re-runs its
 ``process_weights_after_loading``, called with the signature the installed class has (:func:`_reprocess`:
-``(act_dtype)`` up to 0.33, no argument from 0.34). MLA re-derives; the quantized / repacked linear and
+``(act_dtype)`` up to 0.33, no argument from 0.34). MLA re-derives, a plain ``Attention`` its KV-cache scales
+(its quant method first, as vLLM's reload); the quantized / repacked linear and
 MoE layers cannot be redone without the layerwise reload. The same copy-back follows.
 """
 from __future__ import annotations
@@ -177,9 +178,14 @@ def _touched_attention(model, written: set) -> list:
 def _reprocess(module, dtype) -> None:
     """``module.process_weights_after_loading`` called with the signature its class has: ``(act_dtype)`` up to
     vLLM 0.33 (``Attention`` / ``MLAAttention``), no argument from 0.34 (the layer reads its own
-    ``act_dtype``)."""
+    ``act_dtype``). First, as vLLM's reload (``_reload_attention_scales``), where the layer still holds its
+    KV-cache scale parameters (0.34 keeps them after the load), its KV-cache quant method derives the scales
+    the kernels read (``_k_scale``, ``_k_scale_float``, ...) from them again."""
     from shim.engine import call_args
 
+    method = getattr(module, "quant_method", None)
+    if method is not None and hasattr(module, "k_scale"):
+        method.process_weights_after_loading(module)
     hook = module.process_weights_after_loading
     try:
         call_args.signature(hook).bind(dtype)

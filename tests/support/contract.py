@@ -208,6 +208,14 @@ def check_schema(module_name: str) -> None:
             assert version in fields["Affects"], f"{patch.id}: range {patch.affected} not in the docstring's Affects"
         if re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", patch.issue):
             assert patch.issue in fields["Upstream"], f"{patch.id}: {patch.issue} not in the docstring's Upstream"
+    bugs = catalog.bug_records()
+    for row in rows:  # each site's module names the upstream reference of the bug it fixes (issue 28: per bug)
+        reference = bugs[row[3]].reference
+        parts = (reference or "").rstrip("/").split("/")
+        if len(parts) > 4 and parts[-2] in ("issues", "pull"):
+            upstream = " ".join(fields["Upstream"].split())
+            assert f"{parts[-4]}/{parts[-3]}" in upstream and re.search(rf"#{parts[-1]}\b", upstream), \
+                f"{row[0]}: its bug {row[3]}'s reference {reference} is not in the docstring's Upstream"
 
 
 def contract_tests(module_name: str):

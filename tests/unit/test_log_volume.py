@@ -107,10 +107,31 @@ def test_summary_every_ten_minutes(monkeypatch):
 
 
 def test_summary_every_must_be_a_count(monkeypatch):
-    monkeypatch.setattr(config, "_warned", set())
+    log.forget("switch")
     monkeypatch.setenv(config.SHIM_SUMMARY_EVERY, "often")
     with pytest.raises(config.ConfigError, match="SHIM_SUMMARY_EVERY='often' is not valid; accepted: an integer"):
         config.validate()
     assert config.summary_every() == config.SUMMARY_EVERY_DEFAULT  # read inside emit: the default
     monkeypatch.setenv(config.SHIM_SUMMARY_EVERY, "0")
     assert config.summary_every() == 0
+
+
+def test_said_once_per_key_until_forgotten(monkeypatch):
+    """``log.once`` is the one registry of lines said once per process: True for a key's first call only,
+    per key (strings and tuples); ``forget`` frees a key and the tuple keys under it, and no other."""
+    lines = []
+    monkeypatch.setattr(log, "warning", lambda m: lines.append(("WARNING", m)))
+    monkeypatch.setattr(log, "debug", lambda m: lines.append(("DEBUG", m)))
+    log.forget("test-once")
+    assert [log.once(("test-once", "a")), log.once(("test-once", "a")), log.once(("test-once", "b"))] == \
+        [True, False, True]
+    assert log.once("test-once") is True and log.once("test-once") is False  # the string is a key of its own
+    log.warning_once(("test-once", "w"), "first")
+    log.warning_once(("test-once", "w"), "again")
+    assert lines == [("WARNING", "first"), ("DEBUG", "again")]
+    assert log.once("test-once-other") is True
+    log.forget("test-once")
+    assert log.once(("test-once", "a")) is True and log.once("test-once") is True
+    assert log.once("test-once-other") is False  # not under the prefix: kept
+    log.forget("test-once")
+    log.forget("test-once-other")

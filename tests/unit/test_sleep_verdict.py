@@ -108,7 +108,7 @@ def test_device_check_every_bad_value_is_one_warning_and_the_default(monkeypatch
     from shim.engine import config, log
     from shim.vllm import sleep_verdict
 
-    monkeypatch.setattr(config, "_warned", set())
+    log.forget("switch")
     warnings = []
     monkeypatch.setattr(log, "warning", warnings.append)
     for raw, want in (("", 10), ("3", 3), ("1", 1)):

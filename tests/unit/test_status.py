@@ -72,6 +72,27 @@ def test_a_bug_row_names_the_site_that_acted():
     assert rows["trl-stale-weights"].rstrip().endswith("applied"), out
 
 
+def test_sites_on_request_under_their_bug():
+    """Issue 28 done-when: one row per bug, its sites on request (``--sites``): each site of a bug under the
+    bug's row with its own decision, here the allocator guard applied on two of its three sites."""
+    path = [str(trl_path("1.9.2")), stand_in.site()]
+    plain = shim_status("--import", path=path).splitlines()
+    assert not any(line.lstrip().startswith("- ") for line in plain), plain  # sites only on request
+    out = shim_status("--import", "--sites", path=path).splitlines()
+    assert max(map(len, out)) <= 100, out
+    at = next(i for i, line in enumerate(out) if line.split()[:1] == ["allocator-guard"])
+    sites = [line.split() for line in out[at + 1:at + 4]]
+    assert [s[:2] for s in sites[:2]] == [["-", "vllm-sleep-guard"], ["-", "vllm-worker-sleep-guard"]], out[at:at + 4]
+    assert [s[-1] for s in sites[:2]] == ["applied", "applied"] and sites[2][0] != "-", out[at:at + 4]
+    every = shim_status("--import", "--sites", "--all", path=path).splitlines()  # vllm-ascend's site too
+    at = next(i for i, line in enumerate(every) if line.split()[:1] == ["allocator-guard"])
+    assert every[at + 3].split()[:2] == ["-", "vllm-ascend-worker-sleep-guard"], every[at:at + 4]
+    assert "stand down: not installed" in every[at + 3], every[at + 3]
+    def bugs(lines):
+        return [line.split()[0] for line in lines[1:] if line[:1].strip() and not line.startswith("- ")]
+    assert bugs(out) == bugs(plain), (out, plain)  # the same bug rows, in the same order
+
+
 def test_decisions_read_from_inside_a_job():
     """Issue 29 item 5: a training script reads the shim's decisions through one documented function
     (``shim.decisions()``) instead of ``shim/cli/status.py``: the same rows as ``status --json``, this process's."""

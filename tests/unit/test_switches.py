@@ -56,7 +56,7 @@ def test_read_of_a_bad_value_is_its_default_and_one_warning(monkeypatch, name):
     per process naming the variable, the value and the accepted values; no accessor raises."""
     from shim.engine import log
 
-    monkeypatch.setattr(config, "_warned", set())
+    log.forget("switch")
     warnings = []
     monkeypatch.setattr(log, "warning", warnings.append)
     monkeypatch.delenv(name, raising=False)

@@ -1,6 +1,6 @@
 import pytest
 
-from shim.engine import config
+from shim.engine import config, log
 from shim.engine.versions import in_range, installed
 
 
@@ -31,7 +31,7 @@ def test_flags(monkeypatch, value, expected):
 
 
 def test_strict_never_raises_where_failures_are_handled_and_validate_reports_it(monkeypatch):
-    monkeypatch.setattr(config, "_warned", set())
+    log.forget("switch")
     monkeypatch.setenv(config.SHIM_STRICT, "2")
     assert config.strict() is False  # a bad value is off where a failure is handled ...
     with pytest.raises(config.ConfigError, match="SHIM_STRICT='2' is not valid"):
@@ -39,7 +39,7 @@ def test_strict_never_raises_where_failures_are_handled_and_validate_reports_it(
 
 
 def test_bad_flag_names_variable_and_values(monkeypatch):
-    monkeypatch.setattr(config, "_warned", set())
+    log.forget("switch")
     monkeypatch.setenv(config.SHIM_DEBUG, "2")
     with pytest.raises(config.ConfigError, match="SHIM_DEBUG='2' is not valid; accepted: 1, 0"):
         raise config.problem(config.SHIM_DEBUG)

@@ -60,3 +60,30 @@ def test_push_on_034_runs_vllms_reload_lifecycle_with_the_cap_lifted(model_dir):
     off, _ = run(model_dir, BODY.read_text().replace("with reload.session(llm):", "if True:"), shim=False,
                  version="0.34.0", **ENV)
     assert all(d == [off["fraction_before"], False] for d in off["during"]), off["during"]
+
+
+KV_BODY = Path(__file__).parent / "children" / "kv_scale_push.py"  # a stand_in body
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory):
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model(str(tmp_path_factory.mktemp("dense") / "m"), seed=0)
+
+
+@pytest.mark.parametrize("fallback", ["1", "0"], ids=["fallback", "layerwise"])
+def test_push_rederives_plain_attention_kv_scales(dense_dir, fallback):
+    """A plain ``Attention`` derives from its own parameters too: vLLM 0.34 keeps an fp8 model's KV-cache scale
+    parameters (``k_scale`` ...) after the load, and its KV-cache quant method derives from them what the kernels
+    read (``_k_scale``, ``_k_scale_float``, ``_k_scale_cpu``, ...; ``quantization/kv_cache.py``). A push of new
+    scales is followed: on the fallback, the session re-processes the plain attention layers it wrote (their
+    quant method first, as vLLM's ``_reload_attention_scales``); through vLLM's own reload, its finalize does.
+    Without the session (the shim off) the derived scales stay the checkpoint's."""
+    on, proc = run(dense_dir, KV_BODY, shim=True, version="0.34.0", TEST_FALLBACK=fallback, **ENV)
+    assert on["layers"] == 2 and on["before"] == [1.0, 1.0], on
+    assert on["pushed"] is True and on["derived"] is True, proc.stderr[-3000:]
+    assert on["tokens"] == 4
+    off, _ = run(dense_dir, KV_BODY.read_text().replace("with reload.session(llm):", "if True:"), shim=False,
+                 version="0.34.0", TEST_FALLBACK=fallback, **ENV)
+    assert off["pushed"] is True and off["derived"] is False

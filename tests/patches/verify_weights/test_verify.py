@@ -591,9 +591,9 @@ def test_config_values(monkeypatch, value, mode):
 
 
 def test_config_bad_value(monkeypatch):
-    from shim.engine import config
+    from shim.engine import config, log
 
-    monkeypatch.setattr(config, "_warned", set())
+    log.forget("switch")
     monkeypatch.setenv("SHIM_VERIFY_WEIGHTS", "maybe")
     with pytest.raises(config.ConfigError, match="SHIM_VERIFY_WEIGHTS='maybe' is not valid"):
         config.validate()

@@ -89,6 +89,7 @@ class EngineArgs:
         cc = CacheConfig(gpu_memory_utilization=self.gpu_memory_utilization,
                          kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                          num_gpu_blocks_override=self.num_gpu_blocks_override,
+                         cache_dtype=self.kv_cache_dtype,
                          enable_extensible_kv_cache=_extensible_kv_cache(self),
                          enable_prefix_caching=True if self.enable_prefix_caching is None
                          else self.enable_prefix_caching)

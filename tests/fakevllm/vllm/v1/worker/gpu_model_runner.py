@@ -13,7 +13,8 @@ As vLLM's model loader (``BaseModelLoader.load_model``), ``load_model`` gives ev
 ``quant_method`` (``UnquantizedLinearMethod``, or ``Fp8LinearMethod`` for a quantized engine:
 ``quantization=`` / ``FAKEVLLM_QUANTIZATION``) and, after the weights, runs
 ``model_loader.utils.process_weights_after_loading`` -- which is where DeepSeek-V2/V3 models
-(``layers/attention/mla_attention.py``) derive ``W_UK_T`` / ``W_UV``, inside the weights pool.
+(``layers/attention/mla_attention.py``) derive ``W_UK_T`` / ``W_UV``, inside the weights pool (with an
+fp8 KV cache, the plain ``Attention`` layers their KV-cache scales: ``layers/attention/attention.py``).
 ``reload_weights`` follows the version: up to 0.15 a disk reload without post-processing
 (``model_loader.load_weights`` only, 0.15.1); from 0.16 ``reload_weights(weights_iterator=None,
 weights_path=None, is_checkpoint_format=True)`` through the layerwise reload
@@ -173,8 +174,9 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         hf.__class__ = type("Fake" + type(hf).__name__, (type(hf), VllmModelMixin), {})
         hf._fake_runner = self
         self._set_quant_methods(hf)
-        from vllm.model_executor.layers.attention import mla_attention
+        from vllm.model_executor.layers.attention import attention, mla_attention
         self.mla_layers = mla_attention.attach(hf)
+        attention._attach(hf, self.cache_config.cache_dtype, bool(getattr(self.model_config, "quantization", None)))
         if self.mla_layers and _fake.DEVICE_TYPE == "npu":  # vllm-ascend's rope caches (module globals, MLA path)
             from vllm_ascend.ops import rotary_embedding
             rotary_embedding.attach(hf)

@@ -16,8 +16,8 @@ layers (``Attention``, ``MLAAttention``) are processed last with their own
 The fake writes loads straight into the parameters (``GPUModelRunner._write_weights`` calls
 :func:`note_loaded`) instead of buffering them on meta, and models the outcome: per-layer element
 counting, online processing of a complete layer, garbage for the unloaded elements of a layer
-finished in part, the attention layers re-processed at ``finalize``. The meta device, torchao and
-scale reloading of quantized attention are not modelled.
+finished in part, the attention layers re-processed at ``finalize`` (the KV-cache scales of a quantized
+attention layer a load wrote re-derived first). The meta device and torchao are not modelled.
 """
 from __future__ import annotations
 
@@ -125,6 +125,22 @@ def finalize_layerwise_reload(model, model_config) -> None:
         info.reset()
     from vllm.model_executor.layers.attention.mla_attention import post_load
 
-    for layer, info in deferred:  # (kernel tensors placed back; quantized-attention scales not modelled)
+    for layer, info in deferred:  # (kernel tensors placed back)
+        if info.load_numel > 0:
+            _reload_attention_scales(layer, info)
         post_load(layer, model_config)  # 0.34: finalize_model_weights, hook() without a dtype
         info.reset()
+
+
+@torch.no_grad()
+def _reload_attention_scales(layer, info: LayerReloadingInfo) -> None:
+    """``_reload_attention_scales`` (0.24, 0.34): the quant method re-creates the scale parameters at the
+    sentinel -1.0, the buffered loads are replayed, the scales derived again. The fake's loads are already
+    in the parameters: the scales no load wrote are put at the sentinel, then the quant method runs."""
+    quant_method = getattr(layer, "quant_method", None)
+    if quant_method is None:
+        return
+    for name in getattr(quant_method, "SCALES", ()):
+        if name not in info.loaded and hasattr(layer, name):
+            getattr(layer, name).fill_(-1.0)
+    quant_method.process_weights_after_loading(layer)
