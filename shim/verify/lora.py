@@ -1,20 +1,12 @@
 """A LoRA adapter in vLLM's own LoRA manager, compared with the adapter the trainer pushed.
 
-With vLLM's LoRA on (ms-swift ``--vllm_enable_lora``, verl's adapter updates) a push hands the adapter tensors
-to ``add_lora`` (a ``TensorLoRARequest``): ``LoRAModel.from_lora_tensors`` parses each PEFT name to its module,
-stores ``lora_a`` / ``lora_b`` on the CPU in ``lora_dtype`` (vLLM 0.10.2: transposed) and ``optimize()`` folds
-the scaling into ``lora_b`` (``lora_b *= scaling``, ``lora_alpha / r`` or ``/ sqrt(r)``); packed modules
-(``qkv_proj``) keep one tensor per packed module. The manager (``model.lora_manager``, set by
-``LoRAModelManager.__init__``) keeps the registered ``LoRAModel`` objects.
-
-Engine side (:func:`engine_digests`, on each worker): the digests of every ``lora_a`` / ``lora_b`` of one
-adapter (an id, or the most recently registered), by ``<module>.lora_a`` name, and of the device slots it was
-copied into while it is active (:func:`slot_tensors`: a level-2 sleep discards them). Trainer side (:func:`compare`):
-the same tensors made from what the trainer pushed, as vLLM makes them (dtype, orientation by shape -- a square
-one as vLLM 0.10.2 stores it --, the scaling folded in on the CPU), digested the same way. Adapters are small:
-every tensor at every check, whatever the mode. An engine adapter without a module (or no adapter at all) where
-the trainer's adapter adds nothing there (``lora_B`` zero, PEFT's initialisation) is equal: the engine computes
-with the base the trainer has.
+With vLLM's LoRA on (ms-swift ``--vllm_enable_lora``, verl's adapter updates) a push goes to ``add_lora``, not
+the model's weights, so comparing the weights alone would call a wrong or missing adapter verified. Engine side
+(:func:`engine_digests`, on each worker): digests of one adapter's tensors in the manager and of the device slots
+the forward reads (:func:`slot_tensors`). Trainer side (:func:`compare`): the same tensors made from what the
+trainer pushed as vLLM makes them (:func:`expected`), digested the same way; every tensor at every check
+(adapters are small). A module the engine's adapter lacks is equal where the trainer's adapter adds nothing there
+(``lora_B`` zero, PEFT's initialisation).
 """
 from __future__ import annotations
 
@@ -96,8 +88,12 @@ def engine_digests(model, request: dict) -> dict:
 
 
 def expected(kind: str, tensor, shape: list, dtype: str, scaling: float):
-    """What vLLM stores for a pushed PEFT tensor (``lora_A``: ``[r, in]``, ``lora_B``: ``[out, r]``): in the
-    engine's ``dtype`` on the CPU, transposed where its shape says so, ``lora_b`` times ``scaling``."""
+    """What vLLM stores for a pushed PEFT tensor (``lora_A``: ``[r, in]``, ``lora_B``: ``[out, r]``).
+
+    ``LoRAModel.from_lora_tensors`` (vLLM 0.10.2) keeps each in ``lora_dtype`` on the CPU, transposed, and
+    ``optimize()`` folds the scaling into ``lora_b`` (``lora_b *= scaling``: ``lora_alpha / r``, or ``/ sqrt(r)``
+    with rsLoRA); the slots hold ``[r, in]`` / ``[out, r]``. So: the engine's ``dtype`` on the CPU, transposed
+    where the engine's ``shape`` says so (a square one as 0.10.2 stores it), ``lora_b`` times ``scaling``."""
     import torch
 
     x = tensor.detach().to(device="cpu", dtype=getattr(torch, dtype))
