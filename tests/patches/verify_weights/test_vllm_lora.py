@@ -129,3 +129,43 @@ def test_fused_base_layer_maps_to_the_trainer_s_base_layer_names():
     assert [p[1:] for p in plain["pieces"]] == [p[1:] for p in layout.param_layout(
         "model.layers.0.self_attn.qkv_proj.bias", attn.qkv_proj.base_layer.bias, attn.qkv_proj.base_layer,
         layout.DEFAULT_PACKED)["pieces"]]  # the same slices as the layer without LoRA
+
+
+def _manager(loras: dict, packed: "dict | None" = None):
+    from types import SimpleNamespace
+
+    adapter = SimpleNamespace(id=5, rank=4, loras=loras)
+    manager = SimpleNamespace(list_adapters=lambda: {5: adapter}, packed_modules_mapping=packed or {},
+                              lora_index_to_id=[None], modules={})
+    return SimpleNamespace(lora_manager=manager)
+
+
+def test_scaling_folded_or_kept_apart_and_packed_modules():
+    """The layouts vLLM keeps an adapter in, without an engine: ``lora_b`` with the scaling folded in
+    (``optimize()``, the stand-in's 0.10.2) or kept apart (``weights.scaling``), a packed module (``qkv_proj``:
+    a list per kind, ``None`` where the adapter has no such module) under the names of the modules it packs;
+    a changed element or another scaling is named."""
+    from types import SimpleNamespace
+
+    from shim.verify import lora
+
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(4, 16, generator=g), torch.randn(12, 4, generator=g)
+    pushed = {"m.q_proj": (a, b, 2.0)}
+
+    def check(model, want=pushed):
+        return lora.compare([{"rank": 0, "lora": lora.engine_digests(model, {"id": None})}], want)
+
+    folded = SimpleNamespace(lora_a=a.t().clone(), lora_b=b.t() * 2.0, scaling=1)
+    apart = SimpleNamespace(lora_a=a.t().clone(), lora_b=b.t().clone(), scaling=2.0)
+    assert check(_manager({"m.q_proj": folded})) == check(_manager({"m.q_proj": apart})) == []
+    assert check(_manager({"m.q_proj": apart}), {"m.q_proj": (a, b, 4.0)}) == [
+        "m.q_proj.lora_a (LoRA adapter 5: scaling 2.0, pushed 4.0)",
+        "m.q_proj.lora_b (LoRA adapter 5: scaling 2.0, pushed 4.0)"]
+    packed = SimpleNamespace(lora_a=[a.t().clone(), None, a.t().clone()], lora_b=[b.t() * 2.0, None, b.t() * 2.0],
+                             scaling=[1, 1, 1])
+    model = _manager({"m.qkv_proj": packed}, {"qkv_proj": ["q_proj", "k_proj", "v_proj"]})
+    both = {"m.q_proj": (a, b, 2.0), "m.v_proj": (a, b, 2.0)}
+    assert check(model, both) == []
+    packed.lora_b[2][3, 1] += 1.0
+    assert check(model, both) == ["m.v_proj.lora_b (LoRA adapter 5)"]
