@@ -24,21 +24,28 @@ def _adapters(manager) -> dict:
 def engine_tensors(manager, lora) -> dict:
     """``{"<module>.lora_a": tensor, "<module>.lora_b": tensor}`` of one ``LoRAModel``; a packed module
     (``PackedLoRALayerWeights``: a list per kind) under the names of the modules it packs."""
+    return {name: t for name, (t, _) in _stored(manager, lora).items()}
+
+
+def _stored(manager, lora) -> dict:
+    """``{name: (tensor, the scaling vLLM still applies to it)}`` (1 once ``optimize()`` folded it into
+    ``lora_b``), as :func:`engine_tensors` names them."""
     packed = getattr(manager, "packed_modules_mapping", None) or {}
     out = {}
     for module, weights in lora.loras.items():
-        a, b = weights.lora_a, weights.lora_b
+        a, b, scale = weights.lora_a, weights.lora_b, getattr(weights, "scaling", 1)
         if isinstance(a, (list, tuple)):
             head, _, leaf = module.rpartition(".")
             parts = packed.get(leaf) or [f"{leaf}[{i}]" for i in range(len(a))]
-            for part, ta, tb in zip(parts, a, b):
+            scales = scale if isinstance(scale, (list, tuple)) else [scale] * len(a)
+            for part, ta, tb, sc in zip(parts, a, b, scales):
                 name = f"{head}.{part}" if head else part
                 if ta is not None:
-                    out[f"{name}.lora_a"] = ta
+                    out[f"{name}.lora_a"] = (ta, sc)
                 if tb is not None:
-                    out[f"{name}.lora_b"] = tb
+                    out[f"{name}.lora_b"] = (tb, sc)
             continue
-        out[f"{module}.lora_a"], out[f"{module}.lora_b"] = a, b
+        out[f"{module}.lora_a"], out[f"{module}.lora_b"] = (a, scale), (b, scale)
     return out
 
 
@@ -79,10 +86,12 @@ def engine_digests(model, request: dict) -> dict:
     out = {"id": lora_id if lora is not None else None, "ids": sorted(adapters)}
     if lora is None:
         return out
-    tensors = {n: t for n, t in engine_tensors(manager, lora).items() if t is not None}
+    stored = {n: v for n, v in _stored(manager, lora).items() if v[0] is not None}
+    tensors = {n: t for n, (t, _) in stored.items()}
     tensors.update(slot_tensors(manager, lora, tensors))
     names = sorted(tensors)
     out["tensors"] = {n: [list(tensors[n].shape), str(tensors[n].dtype).replace("torch.", "")] for n in names}
+    out["scaling"] = {n: float(v[1] or 1) for n, v in stored.items()}  # not folded into lora_b: 1.0 expected
     out["digests"] = dict(zip(names, digest.digests([tensors[n].detach() for n in names])))
     return out
 
@@ -93,7 +102,8 @@ def expected(kind: str, tensor, shape: list, dtype: str, scaling: float):
     ``LoRAModel.from_lora_tensors`` (vLLM 0.10.2) keeps each in ``lora_dtype`` on the CPU, transposed, and
     ``optimize()`` folds the scaling into ``lora_b`` (``lora_b *= scaling``: ``lora_alpha / r``, or ``/ sqrt(r)``
     with rsLoRA); the slots hold ``[r, in]`` / ``[out, r]``. So: the engine's ``dtype`` on the CPU, transposed
-    where the engine's ``shape`` says so (a square one as 0.10.2 stores it), ``lora_b`` times ``scaling``."""
+    where the engine's ``shape`` says so (a square one as 0.10.2 stores it), ``lora_b`` times ``scaling`` (the
+    caller passes 1 where the engine's weights keep their scaling apart, not folded)."""
     import torch
 
     x = tensor.detach().to(device="cpu", dtype=getattr(torch, dtype))
@@ -141,7 +151,11 @@ def compare(results: list, pushed: dict, tag: str = "LoRA adapter") -> list:
                 continue
             a, b, scaling = pushed[module]
             t = a if kind == "lora_a" else b
-            x = expected(kind, t, *tensors[name], scaling)
+            left = (got.get("scaling") or {}).get(name.split("@")[0], 1.0)  # what vLLM still multiplies by
+            if left != 1.0 and left != scaling:
+                differ.append(f"{name} ({where}: scaling {left}, pushed {scaling})")
+                continue
+            x = expected(kind, t, *tensors[name], scaling if left == 1.0 else 1.0)
             if x is None:
                 differ.append(f"{name} ({where}: shape {tensors[name][0]}, pushed {list(t.shape)})")
                 continue
