@@ -37,8 +37,9 @@ parameters left out, with their reasons). A fused parameter (``qkv_proj``, ``gat
 whose slices the update streamed only in part is reported too (``"<name> (<trainer tensor> not streamed)"``).
 An update that finds everything equal while the engine has parameters left out is ``partly_verified``, never
 ``verified``, with its share: the verified bytes over those of the parameters it compared plus every one left
-out. Every worker is compared with what this rank streamed (verl streams the same full tensors from every rank). A LoRA adapter update (``peft_config`` with
-``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is unverifiable.
+out. Every worker is compared with what this rank streamed (verl streams the same full tensors from every rank). A LoRA
+adapter update (``peft_config`` with ``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is
+compared with the adapter in that manager (``shim.verl.verify_adapter``).
 
 Never silently off: the server half or the worker method missing (the shim not active in the Ray actor or the
 engine's processes: run verl under ``python -m shim``), a failed check: one WARNING ``unverifiable`` per
@@ -254,6 +255,8 @@ def _index(engine: Engine) -> None:
                 continue
             for k, piece in enumerate(lay["pieces"]):
                 index.setdefault(piece[0], []).append((rank, name, k))
+                if ".base_layer." in piece[0]:  # vLLM's LoRA layer: verl streams either name (resolve_weight_name)
+                    index.setdefault(piece[0].replace(".base_layer.", "."), []).append((rank, name, k))
     engine.index, engine.unmapped, engine.left_out = index, unmapped, sorted(left)
     engine.absorbed, engine.prefixes = absorbed, tuple(sorted(prefixes))
     engine.owned = set(engine.descs[first]["params"])
@@ -359,11 +362,12 @@ def update_weights_wrapper(wrapped, instance, args, kwargs):
     async def run():
         update = None
         try:
-            if adapter_only:
-                _unverifiable(engine, "a LoRA adapter update (peft_config with base_sync_done: the tensors go "
-                                      "to vLLM's LoRA manager, not the model's weights)", disable=False)
-            elif engine.disabled:
+            if engine.disabled:
                 _unverifiable(engine, engine.disabled)
+            elif adapter_only:  # to vLLM's LoRA manager, not the model's weights
+                from shim.verl import verify_adapter
+
+                update = verify_adapter.AdapterUpdate(extra.get("peft_config"))
             elif await _prepare(instance, engine):
                 update = Update(engine, mode)
         except Exception as exc:  # the check must never stop training
@@ -374,7 +378,12 @@ def update_weights_wrapper(wrapped, instance, args, kwargs):
         call = ((watched, *args[1:]), kwargs) if positional else (args, {**kwargs, "weights": watched})
         result = await wrapped(*call[0], **call[1])
         try:
-            await _check(instance, engine, update, step)
+            if adapter_only:
+                from shim.verl import verify_adapter
+
+                await verify_adapter.check(instance, engine, update, step)
+            else:
+                await _check(instance, engine, update, step)
         except weights.StaleWeights:
             raise
         except Exception as exc:  # the check must never stop training
