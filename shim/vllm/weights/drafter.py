@@ -37,7 +37,6 @@ from shim.engine import call_args, log
 
 NAME = "sleep_preserve_parameter_names"
 PATTERN = "draft.*"
-_said: set = set()
 
 
 def _speculative(args) -> bool:
@@ -67,8 +66,7 @@ def preserve_drafter(engine_args, patch_id: str) -> bool:
     setattr(engine_args, NAME, [PATTERN])
     text = (f"{patch_id}: speculative decoding with sleep mode: {NAME}=['{PATTERN}'] (a level-2 sleep keeps the "
             "drafter's weights; vLLM discards them, vllm#52479, and a push of the policy does not write them)")
-    if patch_id not in _said:
-        _said.add(patch_id)
+    if log.once(("drafter", patch_id)):
         log.decision(text)
     else:
         log.debug(text)

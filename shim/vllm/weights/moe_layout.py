@@ -22,7 +22,6 @@ from __future__ import annotations
 from shim.engine import call_args, log, probes
 
 NAMES = ("w13_weight", "w2_weight")
-_told: list = []
 
 
 def _expert_parameters(model) -> list:
@@ -64,8 +63,7 @@ def keep_layout(wrapped, instance, args, kwargs):
         if restored:
             message = (f"vllm-ascend wake_up re-laid {restored} MoE expert weights (vllm-ascend#11548): "
                        f"the Parameters slept with are back, in their processed layout")
-            if not _told:
-                _told.append(True)
+            if log.once(("moe-layout", "re-laid")):
                 log.decision(message)
             else:
                 log.event(message, important=False)

@@ -202,8 +202,9 @@ class _Push:
                 self.opened = True
             except Exception as exc:  # vLLM's internals changed: the push goes in raw, as without the shim
                 self.layerwise = None
-                _warn_once(f"vLLM's initialize_layerwise_reload failed ({type(exc).__name__}: {exc}): pushes are "
-                           f"written raw, what process_weights_after_loading derives is not refreshed")
+                log.warning_once(("reload", "layerwise-failed"),
+                                 f"vLLM's initialize_layerwise_reload failed ({type(exc).__name__}: {exc}): pushes "
+                                 f"are written raw, what process_weights_after_loading derives is not refreshed")
         loaded = original(weights, *args, **kwargs)
         if self.layerwise is None:
             if self._by_name is None:
@@ -264,12 +265,3 @@ def session(llm):
                   f"storage they had (and the sleep pool)")
     if push.opened or push.written:
         setattr(model, tensors.REPROCESSED, True)
-
-
-_warned: list = []
-
-
-def _warn_once(message: str) -> None:
-    if not _warned:
-        _warned.append(message)
-        log.warning(message)
