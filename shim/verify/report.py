@@ -28,7 +28,6 @@ _lock = threading.Lock()
 _counts = {"verified": 0, "partly_verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
 _read: dict = {}       # bytes one exact check reads: {"engine": ..., "trainer": ...} (the bench's floor)
 _times: list = []      # the shim's own seconds per verification (bench: median cost per generate)
-_warned: set = set()   # reasons already said (one WARNING per process each)
 
 
 def counts() -> dict:
@@ -41,8 +40,7 @@ def counts() -> dict:
 
 def forget() -> None:
     """Forget the reasons already said (tests)."""
-    with _lock:
-        _warned.clear()
+    log.forget("verify-weights")
 
 
 def record(key: str, seconds: "float | None" = None, share: "float | None" = None) -> None:
@@ -62,12 +60,8 @@ def record(key: str, seconds: "float | None" = None, share: "float | None" = Non
 
 
 def warn_once(reason: str, message: str) -> None:
-    with _lock:
-        if reason in _warned:
-            log.debug(message)
-            return
-        _warned.add(reason)
-    log.warning(message)
+    """``message`` as one WARNING per ``reason`` and process (a DEBUG line after)."""
+    log.warning_once(("verify-weights", reason), message)
 
 
 def note_bytes(descs: dict, names: list, params: dict) -> None:
