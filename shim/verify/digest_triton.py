@@ -7,8 +7,7 @@ definition as the ``torch`` route, bit for bit (``digest.route`` checks it on ea
 """
 from __future__ import annotations
 
-from shim.verify import digest
-from shim.verify.digest import COLS, K, Rows, tables
+from shim.verify.digest_rows import COLS, K, Rows, lock, prepared, tables, torch_partials
 
 BLOCK_ROWS = 8
 """Rows one ``triton`` program reduces."""
@@ -87,7 +86,7 @@ def _plan(device, cast: int, members: list):
     import torch
 
     key = (str(device), cast, BLOCK_ROWS, tuple(members))
-    with digest._lock:
+    with lock:
         got = _plans.get(key)
         if got is not None:
             _plans[key] = _plans.pop(key)  # most recently used last
@@ -101,7 +100,7 @@ def _plan(device, cast: int, members: list):
     starts = torch.cumsum(table[2], 0) - table[2]
     brow = (torch.arange(total, device=device) - starts[bpiece]) * BLOCK_ROWS
     got = (table, bpiece, brow, total, max(blocks) * BLOCK_ROWS)
-    with digest._lock:
+    with lock:
         _plans[key] = got
         while len(_plans) > PLANS:
             _plans.pop(next(iter(_plans)))
@@ -123,7 +122,7 @@ def many(pieces, dtypes) -> list:
     for i, (t, d) in enumerate(zip(pieces, dtypes)):
         got = _triton_source(t, d, devices, torch.bfloat16)
         if got is None:
-            out[i] = Rows(digest._torch_partials(digest._prepared(t), d))
+            out[i] = Rows(torch_partials(prepared(t), d))
             continue
         src, cast = got
         keep.append(src)

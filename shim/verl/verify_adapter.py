@@ -101,18 +101,18 @@ class AdapterUpdate:
 async def check(adapter, engine, update: AdapterUpdate, step) -> None:
     """After verl's adapter update: the workers' adapter :func:`lora_id` against what streamed."""
     from shim.verify import lora, weights
-    from shim.verl import verify_weights as v
+    from shim.verl import verify_rpc as v
 
     if update.failed:
-        v._unverifiable(engine, update.failed, disable=False)
+        v.unverifiable(engine, update.failed, disable=False)
         return
     if not update.tensors:
-        v._unverifiable(engine, "the adapter update streamed no tensor through the shim's watch", disable=False)
+        v.unverifiable(engine, "the adapter update streamed no tensor through the shim's watch", disable=False)
         return
     t0 = time.perf_counter()
-    results = await v._ask(adapter, {"lora": {"id": lora_id()}})
+    results = await v.ask(adapter, {"lora": {"id": lora_id()}})
     if not results:
-        v._unverifiable(engine, v.NO_SERVER_HALF)
+        v.unverifiable(engine, v.NO_SERVER_HALF)
         return
     differ = lora.compare(results, update.pushed())
     seconds = update.seconds + time.perf_counter() - t0
