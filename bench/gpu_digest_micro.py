@@ -17,7 +17,7 @@ plain ``sum`` of one large buffer reaches here). Variants:
 Each new variant is also checked: engine digests == trainer digests (the engine holds the
 trainer's weights rounded to bf16), one changed element is seen, and its digests equal the
 CPU ``torch`` route's on a few tensors. A variant that fails prints its error; the others go on.
-The last lines say which module constants to set (``shim.verify.digest.ROUTE``/``BLOCK_ROWS``).
+The last lines say which module constants to set (``shim.verify.digest.ROUTE``, ``shim.verify.digest_triton.BLOCK_ROWS``).
 
   python3 bench/gpu_digest_micro.py                 # H200: writes $OUT/gpu_digest_micro.json
   python3 bench/gpu_digest_micro.py --small         # CPU smoke test (tiny shapes)
@@ -120,11 +120,11 @@ def v1_variant(engine, trainer, sample: bool):
 
 
 def v2_variant(engine, trainer, sample: bool, route: str, block: "int | None"):
-    from shim.verify import compare, digest
+    from shim.verify import compare, digest, digest_triton
 
     digest.ROUTE = route
     if block:
-        digest.BLOCK_ROWS = block
+        digest_triton.BLOCK_ROWS = block
 
     def pieces(check):
         if not sample:

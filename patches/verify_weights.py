@@ -140,7 +140,10 @@ VERL_VERIFIED = ("CPU: real verl 0.7.1, 0.8.0, 0.9.0 and 0.9.1 ServerAdapter.upd
                  "silent; 0.7.1 with the server half disabled: every update unverifiable, one WARNING, status reason. "
                  "verl 0.9.1 with vLLMHttpServer a real Ray actor (local Ray 2.49 cluster, under python -m shim, wrapt "
                  "2.x and 1.x): every update verified, a tensor the worker leaves out reported, StaleWeights with "
-                 "SHIM_STRICT=1 (before the fix: unverifiable, 'returned no digests', as on the H200)")
+                 "SHIM_STRICT=1 (before the fix: unverifiable, 'returned no digests', as on the H200). LoRA adapter "
+                 "updates (verl 0.7.1/0.8.0/0.9.1, the engine with vLLM's LoRA, verl's TensorLoRARequest/add_lora): "
+                 "a clean one verified (before: unverifiable), a lora_B landing wrong or a module dropped reported "
+                 "naming it, StaleWeights with SHIM_STRICT=1")
 
 
 CHANGES = ("nothing changes in what runs: the trainer's generate method names the trainer model its engine must "
@@ -168,7 +171,9 @@ VERIFIED = ("CPU: real TRL 1.9.2 `GRPOTrainer` with `trl-stale-weights` disabled
             "PEFT LoRA (bf16): real TRL 1.16.0/1.9.2 GRPO, 0.27.2 GRPO and RLOO, ms-swift 4.6.0/3.10.1 full push with "
             "the adapter merged: every rollout verified against the adapter merged as the push merges it (before: "
             "every one unverifiable); a push leaving out one LoRA-merged tensor reported naming it; ms-swift with "
-            "vLLM's own LoRA: unverifiable, one WARNING")
+            "vLLM's own LoRA (4.6.0, 3.10.1, 3.11.1): the adapter in vLLM's LoRA manager and its device slots "
+            "compared too, every clean rollout verified (before: unverifiable), a dropped module, a stale lora_B, "
+            "a zeroed slot and the level-2 LoRA gaps reported at exactly the generates they affect")
 
 
 def _patch(patch_id, distribution, affected, module, probe_apply, summary, tested_at, verified=VERIFIED):

@@ -32,7 +32,6 @@ from shim.engine.shadow import shadow
 from shim.observe import events
 
 _LORA_CLASSES = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")
-_told: set = set()  # (patch id, reason) already logged: one WARNING each per process
 
 
 def _lora_classes() -> tuple:
@@ -64,8 +63,7 @@ def _why_not(model, layers) -> "str | None":
 
 def stand_down(patch_id: str, reason: str) -> None:
     """One WARNING per patch and reason: this push merges in place, as upstream does."""
-    if (patch_id, reason) not in _told:
-        _told.add((patch_id, reason))
+    if log.once(("peft-merge", patch_id, reason)):
         log.warning(f"{patch_id}: {reason}: this push merges the LoRA adapter in place as upstream does "
                     f"(the frozen base moves by a rounding at every push)")
 

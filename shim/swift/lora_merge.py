@@ -80,21 +80,18 @@ def move_model_to_vllm(patch_id: str):
     return wrapper
 
 
-VLLM_LORA = ("ms-swift pushes the LoRA adapter to vLLM's own LoRA (vllm_enable_lora): the adapter tensors in "
-             "vLLM's LoRA manager are not compared yet")
-
-
 def verified_tensors(trainer):
     """The verification's source for ``trainer``'s model (``shim.verify.weights.armed``): with vLLM's LoRA off
     ms-swift pushes the adapter merged into the base under the names TRL uses (``_process_state_dict_for_vllm``:
     ``base_model.model.`` and ``.base_layer`` dropped, the adapter tensors skipped), so
     :func:`shim.peft.merge.verified_tensors`; with it on the engine holds the base under ``.base_layer`` names
-    and the adapter in its LoRA manager: unverifiable, with that reason."""
+    and the adapter in its LoRA manager: :func:`shim.peft.adapter.verified_tensors`."""
 
     def source(model):
-        tensors, why = merge.verified_tensors(model)
-        if (tensors is not None or why) and getattr(trainer, "rollout_enable_lora", False):
-            return None, VLLM_LORA
-        return tensors, why
+        if getattr(trainer, "rollout_enable_lora", False):
+            from shim.peft import adapter
+
+            return adapter.verified_tensors(model)
+        return merge.verified_tensors(model)
 
     return source

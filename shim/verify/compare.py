@@ -91,12 +91,17 @@ def fingerprint(model, request: dict) -> dict:
     [elements, phase]}``.
 
     ``describe``: this worker's :func:`shim.verify.layout.describe` (made afresh); ``digests``: for
-    each name, one digest per layout piece (lists of ints)."""
+    each name, one digest per layout piece (lists of ints); ``lora`` (``{"id": ...}``): that adapter of vLLM's
+    LoRA manager, :func:`shim.verify.lora.engine_digests`."""
     names = request.get("names") or []
     desc, params, kept = described(model, fresh=bool(request.get("describe")))
     out = {"rank": desc["rank"]}
     if request.get("describe"):
         out["describe"] = desc
+    if request.get("lora") is not None:  # an adapter in vLLM's LoRA manager (shim.verify.lora)
+        from shim.verify import lora
+
+        out["lora"] = lora.engine_digests(model, request["lora"])
     if not names:
         return out
     spec = request.get("sample")

@@ -21,258 +21,31 @@ element is always seen; a word moved to another position meets other weights in 
 ``Q`` (independent per column), so permutations show too (a plain sum misses them).
 
 Cost: each piece is read once where it lives. Routes (:data:`ROUTE`): ``triton`` (CUDA: one
-kernel launch per kind of source over every piece of a :func:`partials_many` call -- a table
-maps each program to its piece and first row; float32 trainer tensors are rounded to the engine's
-dtype in registers, no cast buffer; one int64 partial per :data:`BLOCK_ROWS` rows, added per
-piece on the device), ``torch`` (any device: chunks of :data:`CHUNK_ROWS` rows, an int32
+kernel launch per kind of source over every piece of a :func:`partials_many` call,
+:mod:`shim.verify.digest_triton`), ``torch`` (any device: chunks of :data:`CHUNK_ROWS` rows, an int32
 product and int64 sums), chosen per device by a self-check against the CPU; the partial sums
 of all pieces of one call cross to the host in one copy.
 """
 from __future__ import annotations
 
-import threading
+from shim.verify.digest_rows import CHUNK_ROWS, COLS, K, Rows, p_table, q_table, words  # noqa: F401
+from shim.verify.digest_rows import lock as _lock
+from shim.verify.digest_rows import prepared as _prepared
+from shim.verify.digest_rows import torch_partials as _torch_partials
 
-K = 1024
-"""16-bit words per hash row."""
-COLS = 4
-"""Sums per digest."""
-CHUNK_ROWS = 1 << 15
-"""Rows the ``torch`` route handles per step (bounds its int32 temporary: 128 MiB)."""
-BLOCK_ROWS = 8
-"""Rows one ``triton`` program reduces."""
 ROUTE = "auto"
 """``auto`` (``triton`` where its self-check on the device passes, else ``torch``), ``triton``, ``torch``."""
-TRITON_DEVICES = ("cuda",)
-"""Device types the ``triton`` route takes (tests add ``cpu`` under ``TRITON_INTERPRET=1``)."""
-MASK32 = 0xFFFFFFFF
-
-_lock = threading.Lock()
-_tables: dict = {}   # device -> (P int32 [K, COLS], Q int32 [rows, COLS])
 _routes: dict = {}   # device type -> route name
-
-
-def _mix(x):
-    """A 32-bit integer hash of an int64 tensor of values in [0, 2**32): no step overflows int64."""
-    x = (x ^ (x >> 16)) & MASK32
-    x = (x * 0x45D9F3B) & MASK32
-    x = (x ^ (x >> 16)) & MASK32
-    x = (x * 0x45D9F3B) & MASK32
-    return (x ^ (x >> 16)) & MASK32
-
-
-def p_table():
-    """``P``: ``K x COLS`` odd int32 weights in [1, 63] (CPU)."""
-    import torch
-
-    return (_mix(torch.arange(K * COLS, dtype=torch.int64) + 0x5EED) & 0x3F).bitwise_or_(1) \
-        .to(torch.int32).reshape(K, COLS)
-
-
-def q_table(rows: int):
-    """``Q`` for rows ``0..rows-1`` of a piece: odd int32 weights in [1, 4095] (CPU)."""
-    import torch
-
-    return (_mix(torch.arange(rows * COLS, dtype=torch.int64) + 0xA11CE) & 0x7FF).mul_(2).add_(1) \
-        .to(torch.int32).reshape(rows, COLS)
-
-
-def tables(device, rows: int):
-    """``(P, Q)`` on ``device``, ``Q`` for at least ``rows`` rows (cached, grown by doubling)."""
-    key = str(device)
-    with _lock:
-        have = _tables.get(key)
-        if have is None or have[1].shape[0] < rows:
-            size = max(rows, 2 * have[1].shape[0] if have is not None else 1 << 12)
-            p = have[0] if have is not None else p_table().to(device)
-            have = _tables[key] = (p, q_table(size).to(device))
-        return have
-
-
-# ---------------------------------------------------------------------------
-# the words of a piece
-# ---------------------------------------------------------------------------
-def _elements_per_row(dtype) -> int:
-    return 2 * K // dtype.itemsize
-
-
-def _rows_of(numel: int, dtype) -> int:
-    return max(1, -(-(numel * dtype.itemsize) // (2 * K)))
-
-
-def _words(flat, dtype):
-    """``flat`` (1-D) written as ``dtype``, as an ``[rows, K]`` int16 tensor (zero-padded)."""
-    import torch
-
-    raw = flat.to(dtype).contiguous().view(torch.int8)
-    pad = -raw.numel() % (2 * K)
-    if pad or raw.numel() == 0:
-        raw = torch.cat([raw, raw.new_zeros(pad or 2 * K)])
-    return raw.view(torch.int16).view(-1, K)
-
-
-class Rows:
-    """One piece's partial sums: rows ``start:stop`` of a device int64 ``[n, COLS]`` tensor (the
-    pieces of one launch share one tensor; :func:`collect` copies each tensor to the host once)."""
-
-    __slots__ = ("table", "start", "stop")
-
-    def __init__(self, table, start: int = 0, stop: "int | None" = None):
-        self.table, self.start, self.stop = table, start, table.shape[0] if stop is None else stop
-
-    def tensor(self):
-        return self.table[self.start:self.stop]
 
 
 # ---------------------------------------------------------------------------
 # routes: partial sums [n, COLS] int64 whose column sums are the digest
 # ---------------------------------------------------------------------------
-def _torch_partials(t, dtype):
-    import torch
-
-    flat = t.reshape(-1)
-    rows = _rows_of(flat.numel(), dtype)
-    p, q = tables(flat.device, rows)
-    per = CHUNK_ROWS * _elements_per_row(dtype)
-    out = []
-    for start in range(0, max(1, flat.numel()), per):
-        x = _words(flat[start:start + per], dtype)
-        r0 = start // _elements_per_row(dtype)
-        qs = q[r0:r0 + x.shape[0]].to(torch.int64)
-        out.append(torch.stack([((x * p[:, c]).sum(1, dtype=torch.int64) * qs[:, c]).sum()
-                                for c in range(COLS)]))
-    return torch.stack(out)
-
-
-_kernel = None
-
-
-def _triton_kernel():
-    global _kernel
-    if _kernel is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def fold(ptrs, nel, bpiece, brow, P, Q, out, KW: tl.constexpr, BR: tl.constexpr, NC: tl.constexpr,
-                 CAST: tl.constexpr):
-            # one program: BR rows of one piece (a table maps the program to its piece and first row)
-            pid = tl.program_id(0)
-            piece = tl.load(bpiece + pid)
-            r0 = tl.load(brow + pid)
-            n = tl.load(nel + piece)
-            if CAST == 0:
-                base = tl.load(ptrs + piece).to(tl.pointer_type(tl.int16))
-            else:
-                base = tl.load(ptrs + piece).to(tl.pointer_type(tl.float32))
-            offs = r0 * KW + tl.arange(0, BR * KW).to(tl.int64)
-            v = tl.load(base + offs, mask=offs < n, other=0)
-            if CAST == 1:  # float32 -> bfloat16 bits, rounded to nearest even as torch's cast (NaN -> 0x7FC0)
-                b = v.to(tl.uint32, bitcast=True)
-                b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-                b = tl.where(v != v, 0x7FC0, b).to(tl.int32)
-                v = tl.where(b >= 0x8000, b - 0x10000, b)
-            elif CAST == 2:
-                v = v.to(tl.float16).to(tl.int16, bitcast=True)
-            w = tl.reshape(v.to(tl.int32), (BR, KW))
-            k = tl.arange(0, KW)
-            r = r0 + tl.arange(0, BR)
-            for c in tl.static_range(NC):
-                pc = tl.load(P + k * NC + c)
-                s = tl.sum(w * pc[None, :], axis=1).to(tl.int64)
-                qc = tl.load(Q + r * NC + c).to(tl.int64)
-                tl.store(out + pid * NC + c, tl.sum(s * qc, axis=0))
-
-        _kernel = fold
-    return _kernel
-
-
-def _triton_source(t, dtype, devices: tuple, bf16):
-    """``(flat source, CAST)`` for the kernel, or None where the ``torch`` route must do it (not a
-    tensor of ``devices`` (CUDA), not a 2-byte target, not a 2- or 4-byte float source). A contiguous
-    source that is float32 or already ``dtype`` is the tensor itself (the kernel reads its words).
-    ``bf16``: ``torch.bfloat16`` (passed in: no import per piece)."""
-    cuda, cpu = devices
-    source = t.dtype
-    size = source.itemsize
-    if not ((cuda and t.is_cuda) or (cpu and t.is_cpu)) or dtype.itemsize != 2 or size not in (2, 4) \
-            or not source.is_floating_point:
-        return None
-    if size == 2 and source != dtype:
-        return t.to(dtype), 0
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t, 0 if size == 2 else 1 if dtype == bf16 else 2
-
-
-_plans: dict = {}   # (device, CAST, BLOCK_ROWS, (data_ptr, numel) of each member) -> launch tables (last few calls)
-PLANS = 8
-"""Launch tables kept (a check's pieces sit at the same addresses from one check to the next)."""
-
-
-def _plan(device, cast: int, members: list):
-    """``(table [3, n], program -> piece, program -> first row, programs, rows)`` for one launch of
-    ``members`` (``(data_ptr, numel)`` of each source), cached."""
-    import torch
-
-    key = (str(device), cast, BLOCK_ROWS, tuple(members))
-    with _lock:
-        got = _plans.get(key)
-        if got is not None:
-            _plans[key] = _plans.pop(key)  # most recently used last
-            return got
-    nels = [n for _, n in members]
-    blocks = [-(-max(1, n) // (BLOCK_ROWS * K)) for n in nels]
-    total = sum(blocks)
-    host = torch.tensor([[p for p, _ in members], nels, blocks], dtype=torch.int64)
-    table = host.to(device)
-    bpiece = torch.repeat_interleave(torch.arange(len(members), device=device), table[2], output_size=total)
-    starts = torch.cumsum(table[2], 0) - table[2]
-    brow = (torch.arange(total, device=device) - starts[bpiece]) * BLOCK_ROWS
-    got = (table, bpiece, brow, total, max(blocks) * BLOCK_ROWS)
-    with _lock:
-        _plans[key] = got
-        while len(_plans) > PLANS:
-            _plans.pop(next(iter(_plans)))
-    return got
-
-
 def _triton_many(pieces, dtypes) -> list:
-    """The ``triton`` route over many pieces: one kernel launch per kind of source (2-byte words,
-    float32 to bfloat16, float32 to float16) over every block of every piece of that kind, the
-    blocks' partials added per piece on the device (``index_add_``). Pieces it cannot take go
-    through the ``torch`` route. Host work per piece is a few attribute reads (a check has
-    hundreds of pieces: a torch op per piece would cost more than the kernel)."""
-    import torch
+    """The ``triton`` route (:mod:`shim.verify.digest_triton`, imported when first used)."""
+    from shim.verify import digest_triton
 
-    devices = ("cuda" in TRITON_DEVICES, "cpu" in TRITON_DEVICES)
-    out = [None] * len(pieces)
-    groups: dict = {}  # (device index, CAST) -> (first source, [piece index], [(data_ptr, numel)])
-    keep = []  # the sources (copies where a piece was not contiguous) until the launches are queued
-    for i, (t, d) in enumerate(zip(pieces, dtypes)):
-        got = _triton_source(t, d, devices, torch.bfloat16)
-        if got is None:
-            out[i] = Rows(_torch_partials(_prepared(t), d))
-            continue
-        src, cast = got
-        keep.append(src)
-        key = (src.get_device(), cast)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = (src, [], [])
-        group[1].append(i)
-        group[2].append((src.data_ptr(), src.numel()))
-    for (_, cast), (first, index, members) in groups.items():
-        device = first.device
-        table, bpiece, brow, total, rows = _plan(device, cast, members)
-        p, q = tables(device, rows)
-        partial = torch.empty(total, COLS, dtype=torch.int64, device=device)
-        _triton_kernel()[(total,)](table[0], table[1], bpiece, brow, p, q, partial, KW=K, BR=BLOCK_ROWS, NC=COLS,
-                                   CAST=cast)
-        sums = torch.zeros(len(members), COLS, dtype=torch.int64, device=device).index_add_(0, bpiece, partial)
-        for row, i in enumerate(index):
-            out[i] = Rows(sums, row, row + 1)
-    del keep
-    return out
+    return digest_triton.many(pieces, dtypes)
 
 
 def _torch_many(pieces, dtypes) -> list:
@@ -298,7 +71,7 @@ def route(device) -> str:
     if kind != "cpu":
         g = torch.Generator().manual_seed(7)
         probe = [torch.randn(3 * K + 5, generator=g) * 1e3, torch.full((2 * K,), -3.0e38),
-                 torch.randn(BLOCK_ROWS * K * 3 + 1, generator=g).to(torch.bfloat16)]
+                 torch.randn(24 * K + 1, generator=g).to(torch.bfloat16)]
         for name, fn in ROUTES.items():
             if name == "torch":
                 break
@@ -314,11 +87,6 @@ def route(device) -> str:
     with _lock:
         _routes[kind] = chosen
     return chosen
-
-
-def _prepared(t):
-    t = t.detach()
-    return t.reshape(1) if t.dim() == 0 else t
 
 
 def partials(t, dtype=None):
@@ -394,7 +162,7 @@ def reference(t, dtype=None) -> list:
     """The definition written out for one tensor, on the CPU, with Python integers (tests)."""
 
     dtype = dtype or t.dtype
-    x = _words(t.detach().to("cpu").reshape(-1), dtype).tolist()
+    x = words(t.detach().to("cpu").reshape(-1), dtype).tolist()
     p = p_table().tolist()
     q = q_table(len(x)).tolist()
     return [wrap(sum(q[r][c] * sum(x[r][k] * p[k][c] for k in range(K)) for r in range(len(x))))

@@ -189,16 +189,25 @@ def describe(model) -> dict:
             owner.setdefault(id(param), module)
     params = {}
     for name, param in model.named_parameters():  # tied parameters once, under their first name
+        plain = name.replace(".base_layer.", ".")  # vLLM's LoRA layer keeps the linear layer as base_layer
+        lay = param_layout(plain, param, owner[id(param)], packed)
+        if lay is not None and plain != name:  # the trainer's tensors under .base_layer names too
+            lay["pieces"] = [[_base_layer(piece[0]), *piece[1:]] for piece in lay["pieces"]]
         params[name] = {"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", ""),
-                        "bytes": param.numel() * param.element_size(),
-                        "layout": param_layout(name, param, owner[id(param)], packed)}
+                        "bytes": param.numel() * param.element_size(), "layout": lay}
         why = quantized(name, param, owner[id(param)])
         if why:
             params[name]["skip"] = why
-        leaf = name.rsplit(".", 2)[-2] if "." in name else ""
+        leaf = plain.rsplit(".", 2)[-2] if "." in plain else ""
         if params[name]["layout"] is None and leaf in packed:  # the trainer tensors it packs, layout unknown
-            params[name]["holds"] = [_leaf_replace(name, leaf, part) for part in packed[leaf]]
+            params[name]["holds"] = [_leaf_replace(plain, leaf, part) for part in packed[leaf]]
     return {"rank": tp_rank(model), "params": params}
+
+
+def _base_layer(name: str) -> str:
+    """``a.q_proj.weight`` -> ``a.q_proj.base_layer.weight`` (a PEFT or vLLM LoRA layer's base tensor)."""
+    head, _, leaf = name.rpartition(".")
+    return f"{head}.base_layer.{leaf}"
 
 
 def engine_views(param, layout: dict) -> list:

@@ -23,6 +23,10 @@ class Unreachable(RuntimeError):
 vllm_engine = engines.unwrap
 
 
+def engine_name(llm) -> str:
+    return sleep_state.engine_name(vllm_engine(llm))
+
+
 def weights_asleep(llm) -> bool:
     tags = engines.reported_asleep(vllm_engine(llm))
     return "weights" in tags if tags is not None else sleep_state.state_for(vllm_engine(llm)).weights_asleep

@@ -48,7 +48,6 @@ own time in verification), ``times``; also ``shim.observe.events.count("rollouts
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -56,13 +55,18 @@ import time
 import weakref
 
 from shim.engine import config, log
-from shim.verify import compare, layout, transport
+from shim.verify import check, compare, report, transport
+from shim.verify.report import (  # noqa: F401
+    SHOW,
+    WARN_EVERY,
+    WARN_FIRST,
+    StaleWeights,
+    counts,
+    record,
+    report_stale,
+    warn_once,
+)
 
-WARN_FIRST = 5
-"""Stale generates logged one WARNING each; after that one WARNING every :data:`WARN_EVERY`."""
-WARN_EVERY = 50
-SHOW = 3
-"""Tensors named in a WARNING."""
 VLLM_RECORD = "verify-weights-vllm"
 """The engine half: the check before ``LLM.generate``/``chat`` (ms-swift's records check on their own)."""
 NOT_TRL = ("verify-weights-verl", "verify-weights-vllm-worker")
@@ -72,62 +76,21 @@ SELF_CHECKING = ("verify-weights-swift", *NOT_TRL)
 """Record id prefixes that run the check themselves (not through :data:`VLLM_RECORD`)."""
 
 
-class StaleWeights(RuntimeError):
-    """Raised with SHIM_STRICT=1: the engine was about to sample from other weights than the trainer's."""
-
-
 _lock = threading.Lock()
-_counts = {"verified": 0, "partly_verified": 0, "stale": 0, "unverifiable": 0, "seconds": 0.0}
-_read: dict = {}       # bytes one exact check reads: {"engine": ..., "trainer": ...} (the bench's floor)
-_times: list = []      # the shim's own seconds per verification (bench: median cost per generate)
 _targets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_warned: set = set()   # reasons already said (one WARNING per process each)
 _reasons: dict = {}    # engine name -> why it cannot be verified (this process)
-
-
-def counts() -> dict:
-    with _lock:
-        out = dict(_counts)
-        out["times"] = list(_times)
-        out["bytes_per_exact_check"] = dict(_read)
-        return out
 
 
 def reset() -> None:
     """Forget what was said and why engines were unverifiable (tests)."""
+    report.forget()
     with _lock:
-        _warned.clear()
         _reasons.clear()
-
-
-def record(key: str, seconds: "float | None" = None, share: "float | None" = None) -> None:
-    """Count one verdict (``verified``, ``partly_verified``, ``stale``, ``unverifiable``); ``seconds``: the
-    check's own time; ``share``: the verified share of the engine's bytes (a check that ran)."""
-    with _lock:
-        _counts[key] += 1
-        if seconds is not None:  # a check that ran (its time is the bench's figure)
-            _counts["seconds"] += seconds
-            if len(_times) < 100000:
-                _times.append(seconds)
-    from shim.observe import events
-
-    events.count(f"rollouts_{key}")
-    if share is not None:
-        events.gauge("verified_share", round(share, 4))
 
 
 def requested() -> str:
     """The ``SHIM_VERIFY_WEIGHTS`` mode asked for (``exact``/``sample``), or ``""`` (off or a bad value)."""
     return config.verify_weights()
-
-
-def warn_once(reason: str, message: str) -> None:
-    with _lock:
-        if reason in _warned:
-            log.debug(message)
-            return
-        _warned.add(reason)
-    log.warning(message)
 
 
 # ---------------------------------------------------------------------------
@@ -280,10 +243,7 @@ class armed:
         return False
 
 
-def engine_name(llm) -> str:
-    from shim.vllm.sleep import sleep_state
-
-    return sleep_state.engine_name(transport.vllm_engine(llm))
+engine_name = transport.engine_name
 
 
 def trainer_step() -> "int | None":
@@ -317,7 +277,7 @@ def before_generate(llm) -> None:
         return
     t0 = time.perf_counter()
     try:
-        differ = _verify(llm, target, mode)
+        differ = check.verify(llm, target, mode)
     except StaleWeights:
         raise
     except Exception as exc:  # the check must never stop training
@@ -336,7 +296,7 @@ def before_generate(llm) -> None:
         return
     target.generates += 1
     step = trainer_step()
-    share = _share(target, differ)
+    share = check.share(target, differ)
     if not differ:
         verdict = "partly_verified" if target.skipped else "verified"
         record(verdict, seconds, share)
@@ -367,158 +327,11 @@ def _tag(llm, step) -> "str | None":
     return None
 
 
-def _share(target: Target, differ: list) -> float:
-    """The verified share of the engine's bytes at this check: the mapped tensors, less those that differ
-    (every one when the check could not name them, e.g. weights asleep)."""
-    names = target.mapped if target.stale_pairs is not None or not differ else ()
-    verified, total = layout.share(target.descs or {}, names, target.stale_pairs or ())
-    return verified / total if total else 0.0
-
-
 def _trace(llm, target, mode, verdict, step, version, differ, seconds, share=None) -> None:
-    path = config.trace_path()
-    if not path:
-        return
-    from shim.observe import events
-
-    rec = {"v": events.SCHEMA, "event": "verify", "t": time.time(), "seconds": seconds, "rank": log.rank(),
-           "local_rank": log.local_rank(), "pid": os.getpid(), "host": events.host(),
-           "engine": engine_name(llm), "site": target.site, "mode": mode, "verdict": verdict, "step": step,
-           "weight_version": version, "differing": differ[:SHOW], "share": None if share is None else round(share, 4),
-           "skipped": target.skipped[:SHOW], "skipped_count": len(target.skipped)}
-    try:
-        events.write_trace(path, rec)
-    except OSError as exc:
-        warn_once(f"trace {path}", f"{config.SHIM_TRACE}={path}: cannot append: {exc}")
-
-
-def _verify(llm, target: Target, mode: str) -> "list | None":
-    model = target.model()
-    target.stale_pairs = None
-    if model is None:
-        return None
-    if transport.weights_asleep(llm):
-        return ["(all: the engine's weights are asleep at generate)"]
-    if target.descs is None or target.mode != mode:
-        if not _prepare(llm, target, model, mode):
-            return None
-    exact = mode == config.VERIFY_EXACT
-    names = target.mapped if exact else compare.window(target.mapped, target.checks)
-    spec = None if exact else compare.sample(target.checks, len(target.mapped))
-    target.checks += 1
-    results = transport.run_on_workers(llm, {"names": names, "sample": spec})
-    target.stale_pairs = set()
-    return compare.compare(results, target.descs, names, target.params, spec, target.views, target.stale_pairs)
-
-
-def _prepare(llm, target: Target, model, mode: str) -> bool:
-    """Describe the engine once: which tensors are compared; say what cannot be."""
-    name = engine_name(llm)
-    params, reason = target.source(model) if target.source is not None else (None, None)
-    if params is None:
-        reason = reason or layout.unverifiable_reason(model)
-    if reason:
-        target.disabled = f"the trainer model cannot be compared: {reason}"
-        return False
-    results = transport.run_on_workers(llm, {"describe": True})
-    target.descs = {r["rank"]: r["describe"] for r in results}
-    if params is None:
-        params = layout.trainer_params(model)
-    first = target.descs[min(target.descs)]
-    good, bad = layout.mapped(first, params)
-    for rank, desc in target.descs.items():  # every worker holds the same names (its own shards)
-        ok, _ = layout.mapped(desc, params)
-        bad += [f"{n} (not mapped on tp rank {rank})" for n in good if n not in set(ok)]
-        good = [n for n in good if n in set(ok)]
-    target.mode, target.params, target.mapped, target.checks = mode, params, good, 0
-    target.skipped = bad
-    target.views = compare.Views()
-    _note_bytes(target.descs, good, params)
-    total = len(first["params"])
-    if not good:
-        target.disabled = f"no engine tensor maps to a trainer tensor (of {total}; e.g. {', '.join(bad[:SHOW])})"
-        return False
-    if bad:
-        verified, size = layout.share(target.descs, good)
-        warn_once(f"unmapped {name}", f"verify-weights {name}: {len(bad)} of {total} engine tensors are not "
-                                       f"verified (quantized, or mapping to no trainer tensor), "
-                                       f"{100 * verified / max(size, 1):.1f}% of the engine's bytes are: "
-                                       f"{', '.join(bad[:SHOW])}{' ...' if len(bad) > SHOW else ''}; checks that find "
-                                       "the rest equal count as shim/rollouts_partly_verified, never verified")
-    if mode == config.VERIFY_EXACT:
-        what = "every mapped tensor at every check"
-    else:
-        per = min(compare.TENSORS, len(good))
-        what = (f"{per} tensors per check (~{compare.ELEMENTS} elements each, strided rows), rotating: each "
-                f"within {math.ceil(len(good) / per)} consecutive checks")
-    log.info(f"verify-weights {name} ({target.site}): comparing {len(good)} of {total} engine tensors with the "
-             f"trainer's before each generate ({mode}: {what}; exact digests on the device; "
-             f"{len(target.descs)} worker(s), {transport.where(llm)})")
-    return True
-
-
-def _note_bytes(descs: dict, names: list, params: dict) -> None:
-    """What one exact check reads: every worker's mapped engine bytes, the trainer slices they map."""
-    import torch
-
-    engine = trainer = 0
-    for desc in descs.values():
-        for name in names:
-            d = desc["params"][name]
-            n = math.prod(d["shape"]) if d["shape"] else 1
-            engine += n * getattr(torch, d["dtype"]).itemsize
-            lay = d["layout"]
-            for piece in lay["pieces"]:
-                slot = len(piece) > 4  # fused experts: one slot of dim 0, ``dim`` within it
-                size = n // d["shape"][0] if slot else n
-                part = n if lay.get("scalar") else size // d["shape"][lay["dim"] + slot] * piece[2]
-                trainer += part * params[piece[0]].element_size()
-    with _lock:
-        _read.update(engine=engine, trainer=trainer)
-
-
-LORA_ONLY = ("Only tensors with a LoRA adapter merged into them differ: the engine holds other merged weights than "
-             "the trainer's base plus adapter give now -- a merged tensor not pushed, or the frozen base moved by "
-             "upstream's in-place merge/unmerge after the push (trl-lora-merge-drift* / swift-lora-merge-drift* "
-             "switched off or not covering this trainer). ")
-
-
-def _lora_only(target: Target, differ: list) -> bool:
-    """Every differing engine tensor holds a LoRA-merged trainer tensor (``params.derived``)."""
-    derived = getattr(target.params, "derived", None)
-    if not derived or not differ or not target.descs:
-        return False
-    desc = target.descs[min(target.descs)]["params"]
-    for name in differ:
-        d = desc.get(name.split(" (")[0])
-        if d is None or not any(piece[0] in derived for piece in d["layout"]["pieces"]):
-            return False
-    return True
+    report.trace(engine_name(llm), target.site, mode, verdict, step, version, differ, seconds, share, target.skipped)
 
 
 def _report_stale(llm, target: Target, differ: list, mode: str, step, version) -> None:
     report_stale(engine_name(llm), target.site, differ, mode, step, version, target.stale, target.generates,
                  "the engine is about to generate from weights that differ from the trainer's", "generates",
-                 LORA_ONLY if _lora_only(target, differ) else "")
-
-
-def report_stale(engine: str, site: str, differ: list, mode: str, step, version, stale: int, total: int,
-                 finding: str, unit: str, note: str = "") -> None:
-    """The one stale-weights verdict of every verify record: a WARNING naming the first :data:`SHOW` tensors
-    (the first :data:`WARN_FIRST` stale ``unit`` of an engine, then every :data:`WARN_EVERY`), or
-    :class:`StaleWeights` with ``SHIM_STRICT=1``. ``finding``: what differs, in the site's words; ``note``: what
-    the differing tensors suggest (a sentence, before the usual advice)."""
-    shown = ", ".join(differ[:SHOW]) + (f" and {len(differ) - SHOW} more" if len(differ) > SHOW else "")
-    message = (f"verify-weights {engine} ({site}): stale weights at step "
-               f"{'?' if step is None else step} (engine weight version {version or '-'}): {finding} "
-               f"({mode} digests; first differing: {shown}); "
-               f"stale at {stale} of {total} verified {unit} of this engine. {note}"
-               "A weight push did not land: check `python -m shim status` (a patch disabled or standing down?)")
-    if config.strict():
-        raise StaleWeights("[shim] " + message)
-    if stale <= WARN_FIRST or stale % WARN_EVERY == 0:
-        if stale == WARN_FIRST:
-            message += f"; further stale {unit} of this engine are logged every {WARN_EVERY}"
-        log.warning(message)
-    else:
-        log.debug(message)
+                 check.LORA_ONLY if check.lora_only(target, differ) else "")

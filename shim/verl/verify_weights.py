@@ -37,8 +37,9 @@ parameters left out, with their reasons). A fused parameter (``qkv_proj``, ``gat
 whose slices the update streamed only in part is reported too (``"<name> (<trainer tensor> not streamed)"``).
 An update that finds everything equal while the engine has parameters left out is ``partly_verified``, never
 ``verified``, with its share: the verified bytes over those of the parameters it compared plus every one left
-out. Every worker is compared with what this rank streamed (verl streams the same full tensors from every rank). A LoRA adapter update (``peft_config`` with
-``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is unverifiable.
+out. Every worker is compared with what this rank streamed (verl streams the same full tensors from every rank). A LoRA
+adapter update (``peft_config`` with ``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is
+compared with the adapter in that manager (``shim.verl.verify_adapter``).
 
 Never silently off: the server half or the worker method missing (the shim not active in the Ray actor or the
 engine's processes: run verl under ``python -m shim``), a failed check: one WARNING ``unverifiable`` per
@@ -51,10 +52,8 @@ import types
 import weakref
 
 from shim.engine import call_args, config, log
+from shim.verl.verify_rpc import NO_SERVER_HALF, SITE, WORKER_METHOD, ask, unverifiable
 
-WORKER_METHOD = "shim_weight_digests"
-"""The vLLM worker's method (by name over ``collective_rpc``) that returns :func:`shim.verify.compare.fingerprint`."""
-SITE = "verl ServerAdapter.update_weights"
 SKIPPED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 """Suffixes of names vLLM's ``load_weights`` skips by design (e.g. ``LlamaForCausalLM.load_weights``)."""
 
@@ -228,11 +227,6 @@ def verifying_rank(adapter) -> bool:
     return bool(has) if has is not None else getattr(adapter, "rollout_rank", None) == 0
 
 
-async def _ask(adapter, request: dict):
-    """The workers' answers through verl's own ``_execute_method`` (the server's ``collective_rpc``)."""
-    return await adapter._execute_method(WORKER_METHOD, args=(request,))
-
-
 def _index(engine: Engine) -> None:
     from shim.verify import layout
 
@@ -254,6 +248,8 @@ def _index(engine: Engine) -> None:
                 continue
             for k, piece in enumerate(lay["pieces"]):
                 index.setdefault(piece[0], []).append((rank, name, k))
+                if ".base_layer." in piece[0]:  # vLLM's LoRA layer: verl streams either name (resolve_weight_name)
+                    index.setdefault(piece[0].replace(".base_layer.", "."), []).append((rank, name, k))
     engine.index, engine.unmapped, engine.left_out = index, unmapped, sorted(left)
     engine.absorbed, engine.prefixes = absorbed, tuple(sorted(prefixes))
     engine.owned = set(engine.descs[first]["params"])
@@ -268,37 +264,18 @@ def _index(engine: Engine) -> None:
                           "find the rest equal count as shim/rollouts_partly_verified, never verified")
 
 
-def _unverifiable(engine: "Engine | None", why: str, disable: bool = True) -> None:
-    """One update that was asked to be verified and was not: counted; one WARNING per reason; ``disable``: the
-    reason holds for every later update of this engine (no further asking)."""
-    from shim.verify import weights
-
-    weights.record("unverifiable")
-    weights.warn_once(f"verl {why}", f"verify-weights ({SITE}): verification requested "
-                                     f"({config.SHIM_VERIFY_WEIGHTS}) but unverifiable: {why}; these updates count "
-                                     "as shim/rollouts_unverifiable")
-    if disable and engine is not None and not engine.disabled:
-        engine.disabled = why
-        weights.cannot_verify("verl rollout", why)
-
-
-NO_SERVER_HALF = ("the rollout server returned no digests: the shim's server half (verify-weights-verl-server) "
-                  "is not active in the vLLMHttpServer Ray actor (run verl under `python -m shim`, or the "
-                  "actor's environment lacks the shim's PYTHONPATH)")
-
-
 async def _prepare(adapter, engine: Engine) -> bool:
     if engine.descs is not None:
         return True
     try:
-        results = await _ask(adapter, {"describe": True})
+        results = await ask(adapter, {"describe": True})
     except Exception as exc:  # the worker method missing: NotImplementedError / AttributeError from vLLM
-        _unverifiable(engine, f"the engine's workers cannot describe their weights ({type(exc).__name__}: {exc}): "
+        unverifiable(engine, f"the engine's workers cannot describe their weights ({type(exc).__name__}: {exc}): "
                               f"the shim's {WORKER_METHOD} (verify-weights-vllm-worker) is not active in vLLM's "
                               "worker processes")
         return False
     if not results:
-        _unverifiable(engine, NO_SERVER_HALF)
+        unverifiable(engine, NO_SERVER_HALF)
         return False
     engine.descs = {r["rank"]: r["describe"] for r in results}
     _index(engine)
@@ -309,16 +286,16 @@ async def _check(adapter, engine: Engine, update: Update, step) -> None:
     from shim.verify import weights
 
     if update.failed:
-        _unverifiable(engine, update.failed, disable=False)
+        unverifiable(engine, update.failed, disable=False)
         return
     if not update.want and not update.unmatched:  # never "verified" for a stream the shim did not see
-        _unverifiable(engine, "the update streamed no tensor through the shim's watch", disable=False)
+        unverifiable(engine, "the update streamed no tensor through the shim's watch", disable=False)
         return
     names = sorted({name for (_, name, _) in update.want})
     t0 = time.perf_counter()
-    results = await _ask(adapter, {"names": names, "sample": update.spec})
+    results = await ask(adapter, {"names": names, "sample": update.spec})
     if not results:
-        _unverifiable(engine, NO_SERVER_HALF)
+        unverifiable(engine, NO_SERVER_HALF)
         return
     differ = update.differing(results, names)
     seconds = update.seconds + time.perf_counter() - t0
@@ -359,26 +336,32 @@ def update_weights_wrapper(wrapped, instance, args, kwargs):
     async def run():
         update = None
         try:
-            if adapter_only:
-                _unverifiable(engine, "a LoRA adapter update (peft_config with base_sync_done: the tensors go "
-                                      "to vLLM's LoRA manager, not the model's weights)", disable=False)
-            elif engine.disabled:
-                _unverifiable(engine, engine.disabled)
+            if engine.disabled:
+                unverifiable(engine, engine.disabled)
+            elif adapter_only:  # to vLLM's LoRA manager, not the model's weights
+                from shim.verl import verify_adapter
+
+                update = verify_adapter.AdapterUpdate(extra.get("peft_config"))
             elif await _prepare(instance, engine):
                 update = Update(engine, mode)
         except Exception as exc:  # the check must never stop training
-            _unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
+            unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
         if update is None:
             return await wrapped(*args, **kwargs)
         watched = update.watch(stream)
         call = ((watched, *args[1:]), kwargs) if positional else (args, {**kwargs, "weights": watched})
         result = await wrapped(*call[0], **call[1])
         try:
-            await _check(instance, engine, update, step)
+            if adapter_only:
+                from shim.verl import verify_adapter
+
+                await verify_adapter.check(instance, engine, update, step)
+            else:
+                await _check(instance, engine, update, step)
         except weights.StaleWeights:
             raise
         except Exception as exc:  # the check must never stop training
-            _unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
+            unverifiable(engine, f"the check failed ({type(exc).__name__}: {exc})")
         return result
 
     return run()

@@ -20,10 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 def main() -> None:
     import torch
 
-    from shim.verify import digest
+    from shim.verify import digest, digest_triton
 
-    digest.TRITON_DEVICES = ("cuda", "cpu")
-    digest.BLOCK_ROWS = 2  # several blocks per piece at these sizes
+    digest_triton.TRITON_DEVICES = ("cuda", "cpu")
+    digest_triton.BLOCK_ROWS = 2  # several blocks per piece at these sizes
     g = torch.Generator().manual_seed(11)
     k = digest.K
     halfway = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -(1.0 + 2 ** -8), 3.0e38, 3.4e38, -0.0, 1e-40])
@@ -39,7 +39,7 @@ def main() -> None:
         "fp16": torch.randn(5 * k + 1, generator=g).to(torch.float16),
     }
     launches: dict = {}
-    kernel = digest._triton_kernel()
+    kernel = digest_triton._triton_kernel()
 
     class Counting:
         def __getitem__(self, grid):
@@ -48,7 +48,7 @@ def main() -> None:
                 return kernel[grid](*args, **kw)
             return launch
 
-    digest._kernel = Counting()
+    digest_triton._kernel = Counting()
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
         got = digest.collect(digest._triton_many(list(pieces.values()), [dtype] * len(pieces)))
@@ -59,7 +59,7 @@ def main() -> None:
     # change of BLOCK_ROWS, and after an element changed in place (same address), must not reuse stale ones
     same = [pieces[n] for n in ("fp32 2d", "fp32 ragged", "fp32 tiny", "bf16")]  # no copies: the same addresses
     digest.collect(digest._triton_many(same, [torch.bfloat16] * len(same)))  # tables for BLOCK_ROWS 2 cached
-    digest.BLOCK_ROWS = 4
+    digest_triton.BLOCK_ROWS = 4
     got = digest.collect(digest._triton_many(same, [torch.bfloat16] * len(same)))
     rows.append(["cached plan", "BLOCK_ROWS changed", all(d == digest.reference(t, torch.bfloat16)
                                                          for t, d in zip(same, got))])

@@ -37,7 +37,9 @@ than one bfloat16 rounding from base plus adapter merged out of place (``beyond`
 class the elements the adapter moves (``effect``). ``--vllm-lora``: vLLM's own LoRA on
 (``--vllm_enable_lora true``; adapter on ``q_proj``/``v_proj`` only): the base is pushed once, then
 ``_move_adapter_to_vllm`` pushes the adapter (merging and unmerging around it); ``beyond`` is not
-recorded (the engine's adapter slot is mapped per request, after this observation point).
+recorded (the engine's adapter slot is mapped per request, after this observation point), ``adapter_off``
+is (:func:`adapter_off`); ``--adapter-fault`` injects a fault at the engine's ``add_lora``, ``--zero-b``
+starts ``lora_B`` at zero.
 
 Hardware stand-in: ms-swift's ``get_torch_device()`` returns ``torch.cpu`` on a
 CPU-only torch, whose API lacks ``memory_reserved``; it is pointed at the
@@ -88,6 +90,12 @@ def parse():
                         "GRPOTrainer, and with TRL >= 0.28 trl.generation.vllm_generation)")
     p.add_argument("--skip-push", default="",
                    help="every push leaves this engine tensor out (the stand-in model's load_weights skips it)")
+    p.add_argument("--adapter-fault", default="",
+                   help="with --vllm-lora: drop:<module> (every adapter push leaves that module's lora_A/lora_B out), "
+                        "stale:<PEFT tensor name> (every adapter push carries that tensor as at the first one) or "
+                        "slot:<module> (after each push that module's device slot of the adapter is zeroed)")
+    p.add_argument("--zero-b", action="store_true",
+                   help="with --lora-merge: lora_B initialised to zero (PEFT's default), so the adapter starts a no-op")
     p.add_argument("--probe", action="append", default=[],
                    help="patch id: also report what its probe says of this release's module (range aside)")
     p.add_argument("--cuda-available", action="store_true",
@@ -110,8 +118,37 @@ def lora_merge_model(model, a):
     from peft import LoraConfig, get_peft_model
 
     targets = ["q_proj", "v_proj"] + ([] if a.vllm_lora else ["embed_tokens"])
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                                            target_modules=targets))
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                                  target_modules=targets))
+    if a.zero_b:
+        with torch.no_grad():
+            for name, p in peft_model.named_parameters():
+                if "lora_B" in name:
+                    p.zero_()
+    return peft_model
+
+
+def adapter_off(model, engine_model) -> list:
+    """--vllm-lora, the observation: the trainer's LoRA modules whose delta (``scaling * B @ A``) the engine's adapter
+    (the most recently registered in its LoRA manager, the one ms-swift's rollout picks with ``max_loras`` 1; the
+    stand-in stores ``lora_a`` ``[in, r]`` and ``lora_b`` ``[r, out]`` with the scaling folded in) does not give
+    within 2% of the delta's largest element (bf16 rounding of A and B is far below that); a module the adapter
+    lacks counts where the trainer's delta is not zero."""
+    from peft.tuners.lora import LoraLayer
+
+    adapters = list(engine_model.lora_manager.list_adapters().values())
+    loras = adapters[-1].loras if adapters else {}
+    off = []
+    for name, m in model.named_modules():
+        if not isinstance(m, LoraLayer) or "default" not in m.lora_A:
+            continue
+        module = name.removeprefix("base_model.model.")
+        want = m.scaling["default"] * (m.lora_B["default"].weight.detach().double() @ m.lora_A["default"].weight.detach().double())
+        w = loras.get(module)
+        got = (w.lora_a.double() @ w.lora_b.double()).T if w is not None else torch.zeros_like(want)
+        if float((got - want).abs().max()) > 0.02 * float(want.abs().max()):
+            off.append(module)
+    return off
 
 
 def main():
@@ -280,6 +317,24 @@ def main():
             return push_weights(self, [(n, w) for n, w in weights if n != a.skip_push])
 
         VllmModelMixin.load_weights = partial_push
+    if a.adapter_fault:  # the engine's add_lora (what ms-swift's _move_adapter_to_vllm calls) gets a faulty adapter
+        kind, _, target = a.adapter_fault.partition(":")
+        own_add_lora, first = engine_cls.add_lora, {}
+
+        def faulty_add_lora(self, lora_request):
+            tensors = dict(lora_request.lora_tensors)
+            if kind == "drop":
+                tensors = {n: t for n, t in tensors.items() if f".{target}.lora_" not in f".{n}"}
+            elif kind == "stale":
+                tensors[target] = first.setdefault(target, tensors[target].clone())
+            lora_request.lora_tensors = tensors
+            result = own_add_lora(self, lora_request)
+            if kind == "slot":  # the adapter registered and active, its device slot of that module zeroed
+                manager = runner.model.lora_manager
+                manager.modules[target].reset_lora(manager.lora_index_to_id.index(lora_request.lora_int_id))
+            return result
+
+        engine_cls.add_lora = faulty_add_lora
     import logging
 
     warnings = []
@@ -318,6 +373,8 @@ def main():
                     dict(runner.model.named_parameters()), lora_check.reference(t.model), torch.bfloat16),
                 effect=lora_check.adapter_effect(t.model, torch.bfloat16))
             generates[-1]["engine"] = generates[-1]["trainer"] = None  # names differ: the LoRA figures decide
+            if a.vllm_lora:
+                generates[-1]["adapter_off"] = adapter_off(t.model, runner.model)
         return original_run(self, *args_, **kwargs)
 
     if a.lora:

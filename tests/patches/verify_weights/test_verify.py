@@ -387,12 +387,12 @@ def test_digest_sees_every_single_change_and_permutations():
 def test_digest_chunked_and_every_route_agree(monkeypatch):
     """Chunked (one hash row per step) equals whole; every route usable here equals the definition
     (the CUDA route is checked against the CPU by :func:`shim.verify.digest.route` itself)."""
-    from shim.verify import digest
+    from shim.verify import digest, digest_rows
 
     g = torch.Generator().manual_seed(3)
     ts = [torch.randn(300, 64, generator=g), torch.randn(7, generator=g), torch.randn(40, 96, generator=g)]
     want = [digest.reference(t, torch.bfloat16) for t in ts]
-    monkeypatch.setattr(digest, "CHUNK_ROWS", 1)  # the first tensor (19200 bf16 words) in 19 chunks
+    monkeypatch.setattr(digest_rows, "CHUNK_ROWS", 1)  # the first tensor (19200 bf16 words) in 19 chunks
     assert digest.partials(ts[0], torch.bfloat16).shape[0] == 19
     ran = []
     for name in digest.ROUTES:

@@ -90,3 +90,44 @@ def test_without_the_server_half_every_update_is_unverifiable_never_verified(tmp
     assert not [w for w in r["second"]["warnings"] if "unverifiable" in w], r  # once per reason
     assert err.count("but unverifiable") == 1, err
     assert "verify-weights-verl-server" in r["second"]["status"], r  # python -m shim status: requested, not running
+
+
+WRONG_B = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+DROP_MODULE = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize("release", ["0.7.1", "0.8.0", "0.9.1"])
+def test_lora_adapter_update_verified_and_a_wrong_or_dropped_tensor_reported(release, tmp_path):
+    """verl's LoRA adapter updates (``peft_config`` with ``base_sync_done``: verl's worker removes adapter 123 and
+    ``add_lora``s a ``TensorLoRARequest`` of the streamed tensors; the engine with vLLM's LoRA). Shim off: one
+    ``lora_B`` landing wrong goes unnoticed. On: a clean update is verified (before: every adapter update
+    ``unverifiable``); the wrong tensor, and a module dropped from the adapter, are ``stale`` naming them;
+    ``SHIM_STRICT=1`` raises. 0.9.x also syncs the base first (``peft_config`` without ``base_sync_done``, names
+    resolved to the LoRA layers' ``.base_layer`` ones): verified, a tensor that does not land reported."""
+    wrong = f"wrong:{WRONG_B}"
+    base = [{"name": "base", "lora_base": True, "shim": True, "env": ON},  # 0.9.0+: resolve_weight_name
+            {"name": "base_drop", "lora_base": True, "drop": DROP, "env": ON}] if release >= "0.9" else []
+    r, _ = run(release, [
+        {"name": "off", "lora": True, "drop": wrong},
+        *base,
+        {"name": "clean", "lora": True, "shim": True, "env": ON},
+        {"name": "wrong", "lora": True, "drop": wrong, "env": ON},
+        {"name": "drop", "lora": True, "drop": f"{DROP_MODULE}.", "env": ON},
+        {"name": "strict", "lora": True, "drop": wrong, "env": {**ON, "SHIM_STRICT": "1"}},
+    ], tmp_path, LORA="1")
+    v_proj = "model.layers.1.self_attn.v_proj"
+    assert r["off"]["differs"] == [v_proj] and r["off"]["warnings"] == [] and r["off"]["raised"] is None, r
+    assert r["clean"]["differs"] == [] and r["clean"]["counts"] == {"verified": 1, "stale": 0, "unverifiable": 0}, r
+    assert not [w for w in r["clean"]["warnings"] if "verify-weights" in w], r["clean"]
+    assert r["wrong"]["differs"] == [v_proj] and r["wrong"]["counts"]["stale"] == 1, r
+    (warning,) = stale_warnings(r["wrong"])
+    assert f"first differing: {v_proj}.lora_b (LoRA adapter 123)" in warning and "lora_a" not in warning, warning
+    assert r["drop"]["differs"] == [DROP_MODULE] and r["drop"]["counts"]["stale"] == 1, r
+    (warning,) = stale_warnings(r["drop"])
+    assert f"{DROP_MODULE}.lora_a (LoRA adapter 123: pushed, not in the engine's adapter)" in warning, warning
+    assert r["strict"]["raised"] == "StaleWeights" and r["strict"]["counts"]["stale"] == 1, r
+    if base:  # the base sync of a LoRA run: the engine's linear layers are vLLM LoRA layers (.base_layer names)
+        assert r["base"]["differs"] == [] and r["base"]["counts"]["verified"] == 1, r["base"]
+        assert r["base_drop"]["differs"] == [DROP] and r["base_drop"]["counts"]["stale"] == 1, r["base_drop"]
+        (warning,) = stale_warnings(r["base_drop"])
+        assert "first differing: model.layers.0.mlp.down_proj.base_layer.weight)" in warning, warning

@@ -132,6 +132,13 @@ class AdapterLRUCache(OrderedDict):
         return super().pop(key, default)
 
 
+def _pop(cache, key):
+    """Remove ``key`` without the LRU cache's ``deactivate_fn`` (vLLM pops its ``LRUCache`` through the
+    underlying cache); an ``OrderedDict`` through its own ``pop`` (``dict.pop`` would leave its order list
+    holding the key: a later ``move_to_end`` raises ``KeyError``)."""
+    return (OrderedDict.pop if isinstance(cache, OrderedDict) else dict.pop)(cache, key, None)
+
+
 class LoRAModelManager:
     """A manager that manages multiple LoRA-fine-tuned models."""
 
@@ -206,7 +213,7 @@ class LoRAModelManager:
     def deactivate_adapter(self, adapter_id: int) -> bool:
         if adapter_id in self._active_adapters:
             self._deactivate_adapter(adapter_id)
-            dict.pop(self._active_adapters, adapter_id)
+            _pop(self._active_adapters, adapter_id)
             return True
         return False
 
@@ -231,12 +238,13 @@ class LoRAModelManager:
 
     def remove_adapter(self, adapter_id: int) -> bool:
         self.deactivate_adapter(adapter_id)
-        return bool(dict.pop(self._registered_adapters, adapter_id, None))
+        return bool(_pop(self._registered_adapters, adapter_id))
 
     def remove_all_adapters(self) -> None:
-        dict.clear(self._registered_adapters)
+        (OrderedDict.clear if isinstance(self._registered_adapters, OrderedDict) else dict.clear)(
+            self._registered_adapters)
         self.lora_index_to_id = [None] * self.lora_slots
-        dict.clear(self._active_adapters)
+        (OrderedDict.clear if isinstance(self._active_adapters, OrderedDict) else dict.clear)(self._active_adapters)
 
     def list_adapters(self) -> dict:
         return dict(self._registered_adapters)
