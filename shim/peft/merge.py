@@ -4,23 +4,9 @@ Trainers push a PEFT model's weights to vLLM as ``model.merge_adapter()``, read 
 ``model.unmerge_adapter()``. PEFT's ``merge`` adds each adapter's delta into the base weight in
 place and ``unmerge`` subtracts it again (every PEFT release up to 0.21.2: ``LoraLayer.unmerge``
 does ``weight.data -= delta``); in bfloat16 ``(W + dW) - dW != W``, so each push moves the frozen
-base by a rounding in many elements, and the walk compounds over pushes.
-
-:class:`Push` stands in for ``merge_adapter``/``unmerge_adapter`` of one model during one push
-(:meth:`Push.standing_in`: instance attributes on the model, taken out however the push ends). Its
-merge writes nothing: it notes the base tensors upstream's merge would change, by storage address
-(the ``param.data`` the trainer reads next, gathered where DeepSpeed ZeRO-3 gathers). The trainer's
-binding passes each tensor it is about to push through :meth:`Push.tensor`: a noted one comes back as
-a merged copy, PEFT's own ``merge`` of its layer applied to copies of that layer's base tensors (the
-layer's base ``Parameter`` points at the copies only during that call), so the engine receives the
-bytes upstream's in-place merge gives it; one layer's copies are made at a time, when asked for.
-
-:func:`plan` decides per push: None for a model that is not a ``peft.PeftModel`` (and never imports
-peft itself), or where the out-of-place path could not be exact -- a tuner layer other than LoRA's
-``Linear``, ``Embedding``, ``Conv1d/2d/3d`` (quantized layers, ``target_parameters``, other tuners), a
-LoRA variant (DoRA, aLoRA, ...), a layer already merged, a layer offloaded by accelerate, or
-``merge_adapter`` already replaced on the model -- then upstream's in-place merge runs, and one
-WARNING per reason and patch says so.
+base by a rounding in many elements, and the walk compounds over pushes. :class:`Push` stands in for
+both during one push and gives the engine merged copies; :func:`plan` decides per push, and
+:func:`verified_tensors` gives weight verification what such a push hands the engine.
 """
 from __future__ import annotations
 
@@ -71,7 +57,14 @@ def stand_down(patch_id: str, reason: str) -> None:
 def plan(patch_id: str, model, why_not: "str | None" = None, whole: bool = True) -> "Push | None":
     """The out-of-place push for ``model``, or None (upstream runs as it is). ``why_not``: the
     trainer's own reason to leave this push to upstream (e.g. FSDP), for a PEFT model only.
-    ``whole``: each merge is followed by a push of every base tensor (checked at the unmerge)."""
+    ``whole``: each merge is followed by a push of every base tensor (checked at the unmerge).
+
+    None for a model that is not a ``peft.PeftModel`` (and never imports peft itself), or where the
+    out-of-place path could not be exact -- a tuner layer other than LoRA's ``Linear``, ``Embedding``,
+    ``Conv1d/2d/3d`` (quantized layers, ``target_parameters``, other tuners), a LoRA variant (DoRA, aLoRA,
+    ...), a layer already merged, a layer offloaded by accelerate, or ``merge_adapter`` already replaced on
+    the model -- then upstream's in-place merge runs, and one WARNING per reason and patch says so.
+    """
     if "peft" not in sys.modules:
         return None
     from peft import PeftModel
@@ -115,7 +108,16 @@ def _merged_tensors(layer, names, merge_kwargs) -> dict:
 
 
 class Push:
-    """Stands in for ``merge_adapter``/``unmerge_adapter`` of one PEFT model during one push."""
+    """Stands in for ``merge_adapter``/``unmerge_adapter`` of one PEFT model during one push.
+
+    :meth:`standing_in`: instance attributes on the model, taken out however the push ends. Its
+    merge writes nothing: it notes the base tensors upstream's merge would change, by storage address
+    (the ``param.data`` the trainer reads next, gathered where DeepSpeed ZeRO-3 gathers). The trainer's
+    binding passes each tensor it is about to push through :meth:`tensor`: a noted one comes back as
+    a merged copy, PEFT's own ``merge`` of its layer applied to copies of that layer's base tensors (the
+    layer's base ``Parameter`` points at the copies only during that call), so the engine receives the
+    bytes upstream's in-place merge gives it; one layer's copies are made at a time, when asked for.
+    """
 
     def __init__(self, patch_id: str, model, layers, whole: bool = True):
         self.patch_id, self.model, self.layers, self.whole = patch_id, model, layers, whole

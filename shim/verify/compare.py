@@ -1,20 +1,14 @@
 """Which tensors to compare at a check, their digests on both sides, and which differ.
 
-Both sides go through :mod:`shim.verify.digest` where their tensors live: the engine's
-pieces (its own dtype) on each worker, the trainer's matching slices rounded to the
-engine's dtype (what the push's ``param.copy_`` does: float32 master weights and a bf16
-engine compare equal) on the trainer's device. Only the digests (``COLS`` integers per
-piece) cross devices and processes.
+Both sides go through :mod:`shim.verify.digest` where their tensors live: the engine's pieces (its own dtype)
+on each worker, the trainer's matching slices rounded to the engine's dtype (what the push's ``param.copy_``
+does: float32 master weights and a bf16 engine compare equal) on the trainer's device. Only the digests
+(``COLS`` integers per piece) cross devices and processes.
 
-``exact``: every mapped tensor at every check. ``sample``: :data:`TENSORS` of them per
-check, a different slice each time (:func:`window`): every mapped tensor is compared
-within ``ceil(mapped / TENSORS)`` consecutive checks; of each, about :data:`ELEMENTS`
-elements: evenly strided rows of its leading dimension (:func:`rows`), the starting row
-moving on by one at each pass over the slices, so repeated passes cover every row.
-
-Sharded trainers: under DeepSpeed ZeRO-3 the trainer tensors of one engine tensor are gathered at a time (``deepspeed.zero.GatheredParameters``, a collective: every rank
-verifies the same tensors at the same generate); FSDP2 ``DTensor`` parameters through
-``full_tensor()`` (likewise).
+``exact``: every mapped tensor at every check; ``sample``: :data:`TENSORS` of them per check (:func:`window`,
+:func:`rows`). Sharded trainers: under DeepSpeed ZeRO-3 the trainer tensors of one engine tensor are gathered
+at a time (``deepspeed.zero.GatheredParameters``, a collective: every rank verifies the same tensors at the
+same generate); FSDP2 ``DTensor`` parameters through ``full_tensor()`` (likewise): :class:`Gathered`.
 """
 from __future__ import annotations
 
@@ -68,7 +62,13 @@ def sample(check: int, mapped: int, per: "int | None" = None) -> list:
 def window(mapped: list, check: int, per: "int | None" = None) -> list:
     """The names of check number ``check`` (0, 1, ...): ``per`` consecutive names, the next
     ``per`` at the next check, wrapping, so any ``ceil(len(mapped) / per)`` consecutive
-    checks cover every name."""
+    checks cover every name.
+
+    ``sample`` mode: :data:`TENSORS` names per check, a different slice each time: every mapped tensor is
+    compared within ``ceil(mapped / TENSORS)`` consecutive checks; of each, about :data:`ELEMENTS`
+    elements: evenly strided rows of its leading dimension (:func:`rows`), the starting row moving on by
+    one at each pass over the slices, so repeated passes cover every row.
+    """
     per = TENSORS if per is None else per
     n = len(mapped)
     if n <= per:

@@ -1,30 +1,15 @@
 """Exact digests of many tensors where they live: a position-sensitive hash of their bit patterns.
 
-One digest per *piece*: a tensor (any strides, any device) written in a floating ``dtype``
-(the engine's: a trainer tensor in float32 is rounded exactly as the push's ``param.copy_``
-rounds it). The definition is integer arithmetic without overflow, so every route below
-gives the same numbers on every device, whatever order a kernel sums in:
+Weight verification compares the engine's weights with the trainer's without moving them: one digest per
+*piece* (a tensor, any strides, any device, written in a floating ``dtype``: the engine's, so a trainer tensor
+in float32 is rounded exactly as the push's ``param.copy_`` rounds it). The definition (:func:`reference`) is
+integer arithmetic without overflow, so every route gives the same numbers on every device, whatever order a
+kernel sums in; one changed element is always seen, and so are permutations (a plain sum misses them).
 
-- ``x``: the piece's elements in row-major order, written as ``dtype``, their bytes read as
-  little-endian signed 16-bit words, zero-padded to whole rows of :data:`K` words
-  (``x[r, k]``, ``|x| <= 2**15``).
-- ``P[k, c]``: fixed odd weights in [1, 63] per position in a row; ``Q[r, c]``: fixed odd
-  weights in [1, 4095] per row *within the piece* (:func:`p_table`, :func:`q_table`).
-- digest ``[sum_r Q[r, c] * sum_k x[r, k] * P[k, c] for c in range(COLS)]`` modulo ``2**64``
-  (as signed 64-bit integers: a row's inner sum is below ``K * 2**15 * 63 < 2**31``, the device
-  adds the rows in int64 and wraps; the host sums partials in Python integers and wraps the same
-  way, so every route gives the same digest for a piece of any size).
-
-Every changed word changes all ``COLS`` sums (``P`` and ``Q`` odd, one term: an odd multiple of a
-change below ``2**16`` is never 0 modulo ``2**64``), so one changed
-element is always seen; a word moved to another position meets other weights in ``P`` or
-``Q`` (independent per column), so permutations show too (a plain sum misses them).
-
-Cost: each piece is read once where it lives. Routes (:data:`ROUTE`): ``triton`` (CUDA: one
-kernel launch per kind of source over every piece of a :func:`partials_many` call,
-:mod:`shim.verify.digest_triton`), ``torch`` (any device: chunks of :data:`CHUNK_ROWS` rows, an int32
-product and int64 sums), chosen per device by a self-check against the CPU; the partial sums
-of all pieces of one call cross to the host in one copy.
+Cost: each piece is read once where it lives. Routes (:data:`ROUTE`): ``triton`` (CUDA: one kernel launch per
+kind of source over every piece of a :func:`partials_many` call, :mod:`shim.verify.digest_triton`), ``torch``
+(any device: chunks of :data:`CHUNK_ROWS` rows, an int32 product and int64 sums), chosen per device by a
+self-check against the CPU; the partial sums of all pieces of one call cross to the host in one copy.
 """
 from __future__ import annotations
 
@@ -159,7 +144,23 @@ def collect(parts: list) -> list:
 
 
 def reference(t, dtype=None) -> list:
-    """The definition written out for one tensor, on the CPU, with Python integers (tests)."""
+    """The definition written out for one tensor, on the CPU, with Python integers (tests).
+
+    - ``x``: the piece's elements in row-major order, written as ``dtype``, their bytes read as
+      little-endian signed 16-bit words, zero-padded to whole rows of :data:`K` words
+      (``x[r, k]``, ``|x| <= 2**15``).
+    - ``P[k, c]``: fixed odd weights in [1, 63] per position in a row; ``Q[r, c]``: fixed odd
+      weights in [1, 4095] per row *within the piece* (:func:`p_table`, :func:`q_table`).
+    - digest ``[sum_r Q[r, c] * sum_k x[r, k] * P[k, c] for c in range(COLS)]`` modulo ``2**64``
+      (as signed 64-bit integers: a row's inner sum is below ``K * 2**15 * 63 < 2**31``, the device
+      adds the rows in int64 and wraps; the host sums partials in Python integers and wraps the same
+      way, so every route gives the same digest for a piece of any size).
+
+    Every changed word changes all ``COLS`` sums (``P`` and ``Q`` odd, one term: an odd multiple of a
+    change below ``2**16`` is never 0 modulo ``2**64``), so one changed
+    element is always seen; a word moved to another position meets other weights in ``P`` or
+    ``Q`` (independent per column), so permutations show too (a plain sum misses them).
+    """
 
     dtype = dtype or t.dtype
     x = words(t.detach().to("cpu").reshape(-1), dtype).tolist()

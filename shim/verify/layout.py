@@ -1,19 +1,13 @@
 """Which slices of which trainer tensors each engine parameter holds (one worker's view), and the trainer's names.
 
-Each worker describes its own parameters (:func:`describe`): for every parameter, which
-trainer tensor(s) and which slice of them it holds, from vLLM's own layer attributes
-(``tp_rank``/``tp_size``, ``output_sizes`` of ``MergedColumnParallelLinear``, the head
-counts and ``num_kv_head_replicas`` of ``QKVParallelLinear``, ``shard_indices`` of
-``VocabParallelEmbedding``, the ``output_dim``/``input_dim`` weight attributes) and the
-model's ``packed_modules_mapping`` (``qkv_proj`` = ``q_proj,k_proj,v_proj``,
-``gate_up_proj`` = ``gate_proj,up_proj``), and fused MoE experts (``w13_weight`` / ``w2_weight``:
-one slot per expert, :func:`experts_layout`). So each tensor-parallel rank compares its own
-shard with the matching slice of the trainer's full tensor.
+Each worker describes its own parameters (:func:`describe`), from vLLM's own layer attributes and the model's
+``packed_modules_mapping``, so each tensor-parallel rank compares its own shard with the matching slice of the
+trainer's full tensor.
 
-Per tensor, never per engine: a parameter whose layout is not understood, or whose values are
-quantized (an integer pack, or float8 with a scale: :func:`quantized`), is left out with its reason
-(``skip`` in :func:`describe`) and its bytes count as not verified (:func:`share`); every other
-parameter is compared as before.
+Per tensor, never per engine: a parameter whose layout is not understood, or whose values are quantized (an
+integer pack, or float8 with a scale: :func:`quantized`), is left out with its reason (``skip`` in
+:func:`describe`) and its bytes count as not verified (:func:`share`); every other parameter is compared as
+before.
 """
 from __future__ import annotations
 
@@ -180,7 +174,16 @@ def tp_rank(model) -> int:
 
 
 def describe(model) -> dict:
-    """Every parameter of the engine's model: shape, dtype and layout (one worker's view)."""
+    """Every parameter of the engine's model: shape, dtype and layout (one worker's view).
+
+    For every parameter, which trainer tensor(s) and which slice of them it holds, from vLLM's own layer
+    attributes (``tp_rank``/``tp_size``, ``output_sizes`` of ``MergedColumnParallelLinear``, the head
+    counts and ``num_kv_head_replicas`` of ``QKVParallelLinear``, ``shard_indices`` of
+    ``VocabParallelEmbedding``, the ``output_dim``/``input_dim`` weight attributes) and the
+    model's ``packed_modules_mapping`` (``qkv_proj`` = ``q_proj,k_proj,v_proj``,
+    ``gate_up_proj`` = ``gate_proj,up_proj``), and fused MoE experts (``w13_weight`` / ``w2_weight``:
+    one slot per expert, :func:`experts_layout`).
+    """
     packed = dict(DEFAULT_PACKED)
     packed.update({k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()})
     owner = {}

@@ -31,6 +31,8 @@ _times: list = []      # the shim's own seconds per verification (bench: median 
 
 
 def counts() -> dict:
+    """``verified``, ``partly_verified``, ``stale``, ``unverifiable``, ``seconds`` (the shim's own time in
+    verification), ``times``; also ``shim.observe.events.count("rollouts_<verdict>")``."""
     with _lock:
         out = dict(_counts)
         out["times"] = list(_times)

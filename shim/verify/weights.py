@@ -1,50 +1,14 @@
 """Weight verification (``SHIM_VERIFY_WEIGHTS``): arming, the check before each generate, and what it reports.
 
-Whatever the cause of a missing push (an upstream bug, a patch switched off or standing
-down, a new trainer release, a push that misses one tensor), a colocated engine that
-samples from other weights than the trainer holds produces rollouts of the wrong policy
-without any error. With ``SHIM_VERIFY_WEIGHTS=1`` the shim compares, right before vLLM
-samples, exact digests of the engine's weights with the trainer's current weights
-(:mod:`shim.verify.digest`, computed where the tensors live); on a mismatch it logs one
-WARNING with the words ``stale weights`` (the engine, the trainer's step, the engine's
-weight version, the first tensors that differ), or raises :class:`StaleWeights` with
-``SHIM_STRICT=1``.
-
-How it is wired (explicit per-engine objects, no thread-locals):
-
-- A trainer-side wrapper (``patches/verify_weights.py``) calls :class:`armed` around the
-  trainer's own generate method: it names the trainer model the engine must equal (a
-  :class:`Target`, kept per engine like ``shim.vllm.sleep.sleep_state``).
-- A vLLM-side wrapper (``vllm.LLM.generate`` / ``chat``) calls :func:`before_generate`:
-  when its engine is armed, it verifies. It runs INSIDE every other wrapper the trainer or
-  the shim put around the engine (``shim.trl.synced_llm`` pushes first), so it sees exactly
-  the weights vLLM is about to sample from.
-
-Modes: ``exact`` (``1``, the default: every mapped tensor at every check) and ``sample``
-(:data:`shim.verify.compare.TENSORS` tensors per check, a different slice each time, so every
-mapped tensor is compared within ``ceil(mapped / TENSORS)`` consecutive checks; of each about
-:data:`shim.verify.compare.ELEMENTS` elements in strided rows, the first row moving on each pass).
-
-Never silently off: when verification is asked for and an engine or trainer cannot be
-verified (a verify record standing down or failed, a trainer model that cannot be
-compared, an engine none of whose tensors maps to a trainer tensor, an engine in another process that
-cannot run the check), the process logs one WARNING naming why, every such rollout counts
-as ``rollouts_unverifiable``, and :func:`not_running_reason` gives the reason to
-``python -m shim status`` (``requested, not running: <why>``).
-
-Weight version: where vLLM has ``LLMEngine.set_weight_version`` (0.27.0 and later), a
-check that finds the engine equal to the trainer tags the engine with the trainer's global
-step (vLLM stamps its outputs with it); the verification line and the ``verify`` trace
-record (``SHIM_TRACE``) name the engine's version.
-
-Per tensor, never per engine: engine tensors that map to no trainer tensor or hold quantized values
-(:func:`shim.verify.layout.quantized`) are left out one by one, said once with their reasons; a check that
-finds every other tensor equal is ``partly_verified``, never ``verified``, and the verified share of the
-engine's bytes (:func:`shim.verify.layout.share`) is in the ``verify`` trace record (``share``, ``skipped``),
-``python -m shim report`` and the trainer's metrics (``shim/verified_share``, the last check's).
-
-Counts (:func:`counts`): ``verified``, ``partly_verified``, ``stale``, ``unverifiable``, ``seconds`` (the shim's
-own time in verification), ``times``; also ``shim.observe.events.count("rollouts_<verdict>")``.
+Whatever the cause of a missing push (an upstream bug, a patch switched off or standing down, a new trainer
+release, a push that misses one tensor), a colocated engine that samples from other weights than the trainer
+holds produces rollouts of the wrong policy without any error. With ``SHIM_VERIFY_WEIGHTS=1`` the shim
+compares, right before vLLM samples, exact digests of the engine's weights with the trainer's current weights
+(:mod:`shim.verify.digest`, computed where the tensors live); on a mismatch it logs one WARNING with the words
+``stale weights`` (the engine, the trainer's step, the engine's weight version, the first tensors that
+differ), or raises :class:`StaleWeights` with ``SHIM_STRICT=1``. Wiring: :class:`armed`,
+:func:`before_generate`; modes: :func:`requested`; never silently off: :func:`unverifiable`; the weight
+version: :func:`_tag`; counts: :func:`counts`.
 """
 from __future__ import annotations
 
@@ -89,7 +53,13 @@ def reset() -> None:
 
 
 def requested() -> str:
-    """The ``SHIM_VERIFY_WEIGHTS`` mode asked for (``exact``/``sample``), or ``""`` (off or a bad value)."""
+    """The ``SHIM_VERIFY_WEIGHTS`` mode asked for (``exact``/``sample``), or ``""`` (off or a bad value).
+
+    Modes: ``exact`` (``1``, the default: every mapped tensor at every check) and ``sample``
+    (:data:`shim.verify.compare.TENSORS` tensors per check, a different slice each time, so every
+    mapped tensor is compared within ``ceil(mapped / TENSORS)`` consecutive checks; of each about
+    :data:`shim.verify.compare.ELEMENTS` elements in strided rows, the first row moving on each pass).
+    """
     return config.verify_weights()
 
 
@@ -154,7 +124,15 @@ def cannot_verify(engine: str, why: str) -> None:
 
 
 def unverifiable(llm, target: "Target | None", why: str) -> None:
-    """One rollout that was asked to be verified and was not: counted; one WARNING per reason."""
+    """One rollout that was asked to be verified and was not: counted; one WARNING per reason.
+
+    Never silently off: when verification is asked for and an engine or trainer cannot be
+    verified (a verify record standing down or failed, a trainer model that cannot be
+    compared, an engine none of whose tensors maps to a trainer tensor, an engine in another process that
+    cannot run the check), the process logs one WARNING naming why, every such rollout counts
+    as ``rollouts_unverifiable``, and :func:`not_running_reason` gives the reason to
+    ``python -m shim status`` (``requested, not running: <why>``).
+    """
     name = engine_name(llm) if llm is not None else "?"
     record("unverifiable")
     warn_once(why, f"verify-weights {name}{f' ({target.site})' if target else ''}: verification requested "
@@ -209,7 +187,13 @@ class armed:
     tensors than its parameters (a PEFT model: the adapter merged, ``shim.peft.merge.verified_tensors``),
     ``(None, why)`` where those cannot be reproduced, ``(None, None)`` to read the model's parameters.
     A window in which no check reached the engine (its vLLM half not applied, or the trainer
-    sampled through another path) is one unverifiable rollout."""
+    sampled through another path) is one unverifiable rollout.
+
+    How it is wired (explicit per-engine objects, no thread-locals): a trainer-side wrapper
+    (``patches/verify_weights.py``) calls :class:`armed` around the trainer's own generate method: it
+    names the trainer model the engine must equal (a :class:`Target`, kept per engine like
+    ``shim.vllm.sleep.sleep_state``); the vLLM side is :func:`before_generate`.
+    """
 
     def __init__(self, llm, model, site: str, source=None):
         self.target = None
@@ -261,7 +245,19 @@ def trainer_step() -> "int | None":
 
 
 def before_generate(llm) -> None:
-    """Called by the ``LLM.generate``/``chat`` wrapper: verify when a trainer armed this engine."""
+    """Called by the ``LLM.generate``/``chat`` wrapper: verify when a trainer armed this engine.
+
+    A vLLM-side wrapper (``vllm.LLM.generate`` / ``chat``) calls this: when its engine is armed, it
+    verifies. It runs INSIDE every other wrapper the trainer or the shim put around the engine
+    (``shim.trl.synced_llm`` pushes first), so it sees exactly the weights vLLM is about to sample from.
+
+    Per tensor, never per engine: engine tensors that map to no trainer tensor or hold quantized values
+    (:func:`shim.verify.layout.quantized`) are left out one by one, said once with their reasons; a check
+    that finds every other tensor equal is ``partly_verified``, never ``verified``, and the verified share
+    of the engine's bytes (:func:`shim.verify.layout.share`) is in the ``verify`` trace record (``share``,
+    ``skipped``), ``python -m shim report`` and the trainer's metrics (``shim/verified_share``, the last
+    check's).
+    """
     mode = requested()
     if not mode:
         return
@@ -316,7 +312,13 @@ def before_generate(llm) -> None:
 
 
 def _tag(llm, step) -> "str | None":
-    """Tag the engine with the step its weights were just proven equal to (vLLM >= 0.27.0)."""
+    """Tag the engine with the step its weights were just proven equal to (vLLM >= 0.27.0).
+
+    Weight version: where vLLM has ``LLMEngine.set_weight_version`` (0.27.0 and later), a
+    check that finds the engine equal to the trainer tags the engine with the trainer's global
+    step (vLLM stamps its outputs with it); the verification line and the ``verify`` trace
+    record (``SHIM_TRACE``) name the engine's version.
+    """
     if step is None:
         return transport.weight_version(llm)
     try:

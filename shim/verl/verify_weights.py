@@ -2,48 +2,13 @@
 in the engine after ``ServerAdapter.update_weights``.
 
 verl (0.7.1 - 0.9.1, read in the wheels) runs vLLM's ``AsyncLLM`` in a Ray actor (``vLLMHttpServer``,
-``verl/workers/rollout/vllm_rollout/vllm_async_server.py``); the trainer's rollout adapter
-(``ServerAdapter.update_weights(weights, global_steps=None, **kwargs)`` in ``vllm_rollout.py``; 0.9.0 adds
-``wire_format``) asks the server for ``collective_rpc("update_weights_from_ipc")``, streams the generator
-``weights`` of ``(name, tensor)`` through verl's ``BucketedWeightSender`` (CUDA IPC or shared memory) into the
-workers' ``model.load_weights``, then ``clear_kv_cache``. A tensor that does not land (verl#7904: garbled
-rollouts from the second update) says nothing. Three parts, one per process:
-
-- trainer (:func:`update_weights_wrapper`, the rank that holds the server handle: verl's own condition,
-  ``_has_server`` from 0.9.0, else ``rollout_rank == 0``): before the update it asks the engine to describe
-  its parameters (once per adapter: shapes, dtypes, which slices of which trainer tensor each worker holds,
-  :mod:`shim.verify.layout`); while verl streams, it digests each tensor as it passes (the slices every worker
-  holds, in the engine's dtype, :mod:`shim.verify.digest`; only the digests are kept); after verl's update
-  returned it asks the engine for the digests of the parameters the update touched and compares
-  (``shim.verify.weights.report_stale``: one WARNING ``stale weights`` naming tensors, ``StaleWeights`` with
-  ``SHIM_STRICT=1``, the counts ``verified`` / ``stale`` / ``unverifiable``);
-- rollout server (:func:`collective_rpc_wrapper`): verl's ``vLLMHttpServer.collective_rpc`` awaits the
-  engine's ``collective_rpc`` and returns nothing (0.7.1/0.8.0 line 198, 0.9.0 line 219, 0.9.1 line 256); for the
-  shim's own method only (:data:`WORKER_METHOD`) it returns the workers' results; every other call is verl's. The
-  actor runs this wrapper only because the shim's method wrappers pickle by name (``shim.engine.patcher``): Ray
-  ships the actor class by value, with each method read off the class at ``ray.remote`` in the driver;
-- vLLM worker (:func:`worker_digests`, set on ``vllm.v1.worker.gpu_worker.Worker``): the digests, computed in
-  the process that holds the weights (a method by name: vLLM ships no function without
-  ``VLLM_ALLOW_INSECURE_SERIALIZATION``, which verl does not set).
-
-What is compared (a partial or bucketed update is not a false alarm): each engine parameter piece whose
-trainer tensor the update streamed; pieces no tensor of this update touched are not compared. A streamed
-tensor that no engine parameter holds is reported (``"<name> (streamed, not in the engine)"``), except the
-names vLLM's loaders skip on purpose (:data:`SKIPPED`, ``lm_head.weight`` of tied embeddings) and the names an
-engine parameter left out holds: per tensor (:func:`_index`), a quantized parameter
-(:func:`shim.verify.layout.quantized`) holds the trainer tensors its layout names, one of unknown layout every
-name under its module and those its packed name stands for; only those go unreported, the rule stays on for every other name (one WARNING lists the
-parameters left out, with their reasons). A fused parameter (``qkv_proj``, ``gate_up_proj``, fused experts)
-whose slices the update streamed only in part is reported too (``"<name> (<trainer tensor> not streamed)"``).
-An update that finds everything equal while the engine has parameters left out is ``partly_verified``, never
-``verified``, with its share: the verified bytes over those of the parameters it compared plus every one left
-out. Every worker is compared with what this rank streamed (verl streams the same full tensors from every rank). A LoRA
-adapter update (``peft_config`` with ``base_sync_done``: the tensors go to vLLM's LoRA manager, not the model) is
-compared with the adapter in that manager (``shim.verl.verify_adapter``).
-
-Never silently off: the server half or the worker method missing (the shim not active in the Ray actor or the
-engine's processes: run verl under ``python -m shim``), a failed check: one WARNING ``unverifiable`` per
-reason, each such update counted ``unverifiable``, the update itself unchanged.
+``verl/workers/rollout/vllm_rollout/vllm_async_server.py``) and streams each update into the workers'
+``model.load_weights``; a tensor that does not land (verl#7904: garbled rollouts from the second update) says
+nothing. Three parts, one per process: trainer (:func:`update_weights_wrapper`), rollout server
+(:func:`collective_rpc_wrapper`), vLLM worker (:func:`worker_digests`); a partial or bucketed update is not a
+false alarm (:meth:`Update.differing`). Never silently off: the server half or the worker method missing (the
+shim not active in the Ray actor or the engine's processes: run verl under ``python -m shim``), a failed check:
+one WARNING ``unverifiable`` per reason, each such update counted ``unverifiable``, the update itself unchanged.
 """
 from __future__ import annotations
 
@@ -64,7 +29,12 @@ _engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ServerAda
 # vLLM worker
 # ---------------------------------------------------------------------------
 def worker_digests(self, request: dict) -> dict:
-    """``Worker.shim_weight_digests(request)``: :func:`shim.verify.compare.fingerprint` of this worker's model."""
+    """``Worker.shim_weight_digests(request)``: :func:`shim.verify.compare.fingerprint` of this worker's model.
+
+    Set on ``vllm.v1.worker.gpu_worker.Worker``: the digests, computed in the process that holds the
+    weights (a method by name: vLLM ships no function without ``VLLM_ALLOW_INSECURE_SERIALIZATION``, which
+    verl does not set).
+    """
     from shim.verify import compare, transport
 
     return compare.fingerprint(transport.runner_model(self.model_runner), request)
@@ -84,7 +54,14 @@ class WorkerMethod:
 # rollout server (the Ray actor)
 # ---------------------------------------------------------------------------
 def collective_rpc_wrapper(wrapped, instance, args, kwargs):
-    """``vLLMHttpServer.collective_rpc``: the shim's own method returns the workers' results."""
+    """``vLLMHttpServer.collective_rpc``: the shim's own method returns the workers' results.
+
+    verl's ``vLLMHttpServer.collective_rpc`` awaits the engine's ``collective_rpc`` and returns nothing
+    (0.7.1/0.8.0 line 198, 0.9.0 line 219, 0.9.1 line 256); for the shim's own method only
+    (:data:`WORKER_METHOD`) this returns the workers' results; every other call is verl's. The actor runs
+    this wrapper only because the shim's method wrappers pickle by name (``shim.engine.patcher``): Ray ships
+    the actor class by value, with each method read off the class at ``ray.remote`` in the driver.
+    """
     if instance is None or call_args.arg(wrapped, args, kwargs, "method") != WORKER_METHOD:
         return wrapped(*args, **kwargs)
 
@@ -179,7 +156,23 @@ class Update:
             self.want[key] = value
 
     def differing(self, results: list, names: list) -> list:
-        """Streamed tensors whose engine digests are not the streamed ones (``"name (tp rank r)"``)."""
+        """Streamed tensors whose engine digests are not the streamed ones (``"name (tp rank r)"``).
+
+        What is compared (a partial or bucketed update is not a false alarm): each engine parameter piece
+        whose trainer tensor the update streamed; pieces no tensor of this update touched are not compared. A
+        streamed tensor that no engine parameter holds is reported (``"<name> (streamed, not in the
+        engine)"``), except the names vLLM's loaders skip on purpose (:data:`SKIPPED`, ``lm_head.weight`` of
+        tied embeddings) and the names an engine parameter left out holds: per tensor (:func:`_index`), a
+        quantized parameter (:func:`shim.verify.layout.quantized`) holds the trainer tensors its layout
+        names, one of unknown layout every name under its module and those its packed name stands for; only
+        those go unreported, the rule stays on for every other name (one WARNING lists the parameters left
+        out, with their reasons). A fused parameter (``qkv_proj``, ``gate_up_proj``, fused experts) whose
+        slices the update streamed only in part is reported too (``"<name> (<trainer tensor> not
+        streamed)"``). An update that finds everything equal while the engine has parameters left out is
+        ``partly_verified``, never ``verified``, with its share (:meth:`share`): the verified bytes over those
+        of the parameters it compared plus every one left out. Every worker is compared with what this rank
+        streamed (verl streams the same full tensors from every rank).
+        """
         from shim.verify import compare
 
         differ = []
@@ -315,7 +308,26 @@ async def _check(adapter, engine: Engine, update: Update, step) -> None:
 
 
 def update_weights_wrapper(wrapped, instance, args, kwargs):
-    """``ServerAdapter.update_weights``: digest what streams, check the engine after verl's update."""
+    """``ServerAdapter.update_weights``: digest what streams, check the engine after verl's update.
+
+    The trainer's rollout adapter (``ServerAdapter.update_weights(weights, global_steps=None, **kwargs)`` in
+    ``vllm_rollout.py``; 0.9.0 adds ``wire_format``) asks the server for
+    ``collective_rpc("update_weights_from_ipc")``, streams the generator ``weights`` of ``(name, tensor)``
+    through verl's ``BucketedWeightSender`` (CUDA IPC or shared memory) into the workers'
+    ``model.load_weights``, then ``clear_kv_cache``.
+
+    This runs on the rank that holds the server handle (verl's own condition, :func:`verifying_rank`:
+    ``_has_server`` from 0.9.0, else ``rollout_rank == 0``): before the update it asks the engine to
+    describe its parameters (once per adapter: shapes, dtypes, which slices of which trainer tensor each
+    worker holds, :mod:`shim.verify.layout`); while verl streams, it digests each tensor as it passes (the
+    slices every worker holds, in the engine's dtype, :mod:`shim.verify.digest`; only the digests are
+    kept); after verl's update returned it asks the engine for the digests of the parameters the update
+    touched and compares (``shim.verify.weights.report_stale``: one WARNING ``stale weights`` naming
+    tensors, ``StaleWeights`` with ``SHIM_STRICT=1``, the counts ``verified`` / ``stale`` /
+    ``unverifiable``). A LoRA adapter update (``peft_config`` with ``base_sync_done``: the tensors go to
+    vLLM's LoRA manager, not the model) is compared with the adapter in that manager
+    (``shim.verl.verify_adapter``).
+    """
     from shim.verify import weights
 
     mode = weights.requested()
