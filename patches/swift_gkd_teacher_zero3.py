@@ -65,7 +65,7 @@ PATCH_3_10 = Patch(
              "a temporary ZeRO-3 config built from `--teacher_deepspeed` (\"auto\" values from the student's "
              "training arguments), so it is partitioned as it loads (`zero.Init`, no per-rank `device_map`); the "
              "student's config is restored right after. Stands down where ms-swift builds its own DeepSpeed config "
-             "for the teacher The preflight (`shim.deepspeed.teacher`) counts 0 bytes on the device with ZeRO-3 "
+             "for the teacher. The preflight (`shim.deepspeed.teacher`) counts 0 bytes on the device with ZeRO-3 "
              "parameter offload and runs whether or not the ZeRO-3 load applies, so a teacher that cannot fit even "
              "partitioned is told (`TeacherWontFit`); under ZeRO-3 ms-swift's `get_default_device_map` returns "
              "None; the student's global config is restored even on error. The probe reads `_prepare_single_model` "

@@ -63,7 +63,7 @@ PATCH = Patch(
              "the adapter push (vLLM's LoRA on) reads the adapter as it is. Left to upstream: FSDP2 (ms-swift "
              "merges out of place there itself), colocate on an NPU (vllm-ascend's reload runner), layers as for "
              "`trl-lora-merge-drift`. Stands down by probe where `_move_full_model_to_vllm` calls no "
-             "`merge_adapter`/`unmerge_adapter`. Not covered: 3.2-3.9 (`GRPOTrainer` pushes itself) Where the "
+             "`merge_adapter`/`unmerge_adapter`. Not covered: 3.2-3.9 (`GRPOTrainer` pushes itself). Where the "
              "merge runs: `RolloutTrainerMixin._move_full_model_to_vllm` (vLLM's LoRA off: merged into every full "
              "push) and `_move_adapter_to_vllm` (vLLM's LoRA on: merged and unmerged around the adapter push); "
              "`shim.swift.lora_merge` wraps `_move_model_to_vllm`. Not a PEFT model, FSDP2, colocate on an NPU, or "

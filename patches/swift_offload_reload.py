@@ -84,7 +84,7 @@ PATCH_GKD = Patch(
              "one device (#10109: DeepSpeed ZeRO-2; #9793: FSDP2 in 4.0-4.4, where 4.5.0 skips the context for "
              "FSDP2 only). A model whose tensors cannot be read counts as moved (upstream's reload); the optimizer "
              "is left to ms-swift. Stands down by probe where `offload_context` reloads on `offload_model`'s "
-             "result (4.6.0 `GRPOTrainer`) When the model is still on the CPU there: FSDP2 in 4.0.0-4.4.x "
+             "result (4.6.0 `GRPOTrainer`). When the model is still on the CPU there: FSDP2 in 4.0.0-4.4.x "
              "(device_map None; 4.5.0 skips that context for FSDP2), DeepSpeed ZeRO-2 as #10109 reports it "
              "(ms-swift's own loader puts a ZeRO-2 model on cuda:LOCAL_RANK: a CPU load is the user's or a "
              "loader's choice); inferred, not run: every rollout where the model stays on the CPU (FSDP2 with CPU "

@@ -134,7 +134,7 @@ PATCH_MEGATRON = Patch(
               "shim (asserted), with the KV cache after the offload with it, every rollout on the trained weights; "
               "4.6.0 stands down by version and probe, the same order with and without the shim"),
     changes=("the wrapper of `swift-resample-wake-order` on `MegatronRolloutMixin._generate_completions` (the same "
-             "order in every release 4.0.0-4.5.3, the same fix in 4.6.0; its step is `_step`) Read in the wheels: "
+             "order in every release 4.0.0-4.5.3, the same fix in 4.6.0; its step is `_step`). Read in the wheels: "
              "4.0.0-4.2.x wake without `aggressive_empty_cache`, 4.5.3 sleeps in a `finally`; the same probe as "
              "`swift-resample-wake-order`."),
 )

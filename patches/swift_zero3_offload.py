@@ -99,7 +99,7 @@ PATCH = Patch(
              "cache shrinks). Stands down by probe where `offload_model` already moves `ds_tensor`; models without "
              "ZeRO-3 parameters and FSDP2 are left to ms-swift. Limit (4.0.0's too): once DeepSpeed's ZeRO-3 "
              "optimizer exists, the trained model's partitions are views of its flat buffer, which keeps the "
-             "memory; reference model, GKD teacher and the model at vLLM's construction are freed Two differences "
+             "memory; reference model, GKD teacher and the model at vLLM's construction are freed. Two differences "
              "from 4.0.0, both for partitions whose move would free nothing: a partition already on the host "
              "(ZeRO-3 `offload_param`) stays where DeepSpeed keeps it (4.0.0 would load it onto the GPU), and a "
              "partition that is a view into the ZeRO-3 optimizer's flat `lp_param_buffer` is not copied: the copy "

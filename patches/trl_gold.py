@@ -29,7 +29,7 @@ PATCH = Patch(
     verified=("CPU: real TRL 0.27.2 and 0.29.1 `GOLDTrainer`: illegal memory access without the shim (asserted), "
               "trained weights at every generate with it"),
     changes=("GOLD wakes only `kv_cache` before generating after a level-2 sleep: the shim wakes and pushes the "
-             "trained weights first (and skips its `reload_weights` from disk) Bound through `shim.trl.colocate`: "
+             "trained weights first (and skips its `reload_weights` from disk). Bound through `shim.trl.colocate`: "
              "the trainer's `_move_model_to_vllm` runs (weights woken first) before every generate whose weights "
              "are asleep or discarded; the `reload_weights` it skips would be followed right away by the push."),
 )

@@ -101,7 +101,7 @@ PATCH = Patch(
              "push). Left to upstream, one WARNING: FSDP, tuner layers other than LoRA "
              "`Linear`/`Embedding`/`Conv1d-3d`, LoRA variants (DoRA, ...), a layer already merged or offloaded. "
              "Non-PEFT models: upstream untouched. Each stands down by probe where its push no longer calls "
-             "`merge_adapter`/`unmerge_adapter` Bound through `shim.trl.lora_merge` (PEFT's merge on a copy: "
+             "`merge_adapter`/`unmerge_adapter`. Bound through `shim.trl.lora_merge` (PEFT's merge on a copy: "
              "`shim.peft.merge`, shared with `swift-lora-merge-drift`); at 1.11+ `_iter_named_params` is the "
              "iterator both the colocate push and the server-mode stream read. Sites: `trl-lora-merge-drift` "
              ">=1.11.0 (`VLLMGeneration._iter_named_params`), `trl-lora-merge-drift-sync` >=0.28.0,<1.11.0 "

@@ -28,7 +28,7 @@ PATCH = Patch(
               "(asserted), trained weights with it"),
     changes=("`_generate_vllm_colocate` runs per micro-batch but pushes only when `global_step` changed, after a "
              "level-2 sleep: the shim pushes the trained weights before every generate whose weights were "
-             "discarded Bound through `shim.trl.colocate`: `_move_model_to_vllm` runs before every generate whose "
+             "discarded. Bound through `shim.trl.colocate`: `_move_model_to_vllm` runs before every generate whose "
              "weights were discarded."),
 )
 

@@ -50,7 +50,7 @@ GENERATION = Patch(
              "every re-derived plain attribute (MLA `W_UK_T`/`W_UV`) is copied into the storage it had (sleep "
              "pool, CUDA-graph addresses) (the encoder/mm cache reset that 0.24's `reload_weights` adds stays "
              "`trl-vlm-encoder-cache`'s). Colocate only; ms-swift's subclasses untouched. Stands down where the "
-             "class no longer pushes with a raw `load_weights` or already uses the reload Bound through "
+             "class no longer pushes with a raw `load_weights` or already uses the reload. Bound through "
              "`shim.trl.push_reload`. Sites: `VLLMGeneration.sync_weights` trl >=0.28.0; "
              "`OnlineDPOTrainer._move_model_to_vllm` trl >=0.26.0 (trl.experimental) and >=0.23.0,<0.26.0 "
              "(trl.trainer); GRPO/RLOO `_move_model_to_vllm` trl >=0.23.0,<0.28.0. One layerwise reload per push, "

@@ -42,7 +42,7 @@ PATCH = Patch(
              "asleep or were discarded (the semantics of the 1.10.0 fix, same number of pushes); `sync_weights` "
              "wakes the weights before writing them (0.28.x wrote into unmapped memory); backends without "
              "`reload_weights` (vllm-ascend < 0.24.0rc1) are never asked for it. Stands down on 1.10.0+ (`stand "
-             "down: fixed upstream in 1.10.0`) Bound through `shim.trl.colocate`: the colocated `llm` sits behind "
+             "down: fixed upstream in 1.10.0`). Bound through `shim.trl.colocate`: the colocated `llm` sits behind "
              "`shim.trl.synced_llm`, so the reload never reads the disk; a push whenever the engine's weights are "
              "asleep or were discarded by the level-2 sleep is the semantics of the upstream "
              "`_llm_weights_sleeping` flag."),

@@ -70,7 +70,7 @@ PATCH = Patch(
               "down"),
     changes=("verl's HYBRID rollout sleep (`vLLMHttpServer`, 0.7.1-0.8.x) with an MTP drafter sleeps at level 1, "
              "as 0.9.0 does (level 2 discards the drafter's weights, never pushed again: no draft token accepted); "
-             "MTP off stays at level 2 Where verl sleeps: 0.7.1 in `sleep` through `engine.collective_rpc(\"sleep\", "
+             "MTP off stays at level 2. Where verl sleeps: 0.7.1 in `sleep` through `engine.collective_rpc(\"sleep\", "
              "kwargs={\"level\": 2})`, 0.8.0 in `_sleep_hybrid` through `engine.sleep(level=2)` "
              "(`verl.workers.rollout.vllm_rollout.vllm_async_server`); the wrapper (`shim.verl.mtp_sleep_level`) "
              "applies 0.9.0's condition (`config.mtp` enable and enable_rollout); the probe tells the two shapes "

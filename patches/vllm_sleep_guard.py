@@ -225,7 +225,7 @@ WORKER_GUARD = Patch(
              "construction, `sleep`, `wake_up`), in whichever process holds the device memory: vLLM's engine-core "
              "subprocess under `AsyncLLM` (verl, OpenRLHF, `vllm serve`), Ray actors. An in-process worker under "
              "an engine the shim already wraps passes through (no double counting); trace records carry the "
-             "worker's pid and parent pid, `report` groups them under the trainer's run Where the engine core runs "
+             "worker's pid and parent pid, `report` groups them under the trainer's run. Where the engine core runs "
              "in its own process (`AsyncLLM`; `vllm.LLM` with vLLM's default `VLLM_ENABLE_V1_MULTIPROCESSING=1`) "
              "the engine-level wrappers see no executor; these records (`shim.vllm.sleep.worker_check`) wrap "
              "`Worker.load_model`, `initialize_from_config`, `wake_up` (guard) and `__init__`, `sleep`, `wake_up` "
@@ -248,7 +248,7 @@ WORKER_CHECK = Patch(
              "construction, `sleep`, `wake_up`), in whichever process holds the device memory: vLLM's engine-core "
              "subprocess under `AsyncLLM` (verl, OpenRLHF, `vllm serve`), Ray actors. An in-process worker under "
              "an engine the shim already wraps passes through (no double counting); trace records carry the "
-             "worker's pid and parent pid, `report` groups them under the trainer's run On vLLM >= 0.31: "
+             "worker's pid and parent pid, `report` groups them under the trainer's run. On vLLM >= 0.31: "
              "`Worker.discard` (`release_kv_cache_memory`) is recorded on the worker's state; the worker's wake "
              "passes vLLM's tags on unchanged (vLLM's executor has checked them); a sleep is woken first only "
              "where the executor refuses it (`weights` asleep) and judged on the tags still mapped"),
