@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shim.observe.events import GiB
-from shim.observe.tracefile import Trace, _stamp, runs
+from shim.observe.tracefile import Trace, stamp, runs
 
 INEFFECTIVE_COLOUR = "#d62728"
 """Red, kept out of the ranks' colours: ineffective sleeps stand out."""
@@ -63,7 +63,7 @@ def figure(trace: "Trace | list"):
                 marked_bad = True
         ax.set_ylim(bottom=0)
         ax.set_ylabel("device memory (GiB)")
-        ax.set_title(f"run {number}, started {_stamp(t0)}: v sleep, ^ wake, dashed: sleep pool" if group
+        ax.set_title(f"run {number}, started {stamp(t0)}: v sleep, ^ wake, dashed: sleep pool" if group
                      else "no events")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper right")

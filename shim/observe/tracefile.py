@@ -162,7 +162,7 @@ def runs(trace: Trace) -> list:
     return [sorted(g, key=lambda p: (p["rank"], p["start"])) for g in groups]
 
 
-def _stamp(t: float) -> str:
+def stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
@@ -172,7 +172,7 @@ def rows(trace: Trace) -> list:
     hosts = {p["host"] for g in runs(trace) for p in g}
     for number, group in enumerate(runs(trace), 1):
         for proc in group:
-            row = {"run": number, "start": _stamp(proc["start"]), "rank": proc["rank"], "pid": proc["pid"]}
+            row = {"run": number, "start": stamp(proc["start"]), "rank": proc["rank"], "pid": proc["pid"]}
             if len(hosts) > 1:
                 row["host"] = proc["host"] or "?"
             row.update(_figures(proc["records"]))
