@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shim.observe.events import GiB
-from shim.observe.tracefile import Trace, stamp, runs
+from shim.observe.tracefile import Trace, runs, stamp
 
 INEFFECTIVE_COLOUR = "#d62728"
 """Red, kept out of the ranks' colours: ineffective sleeps stand out."""

@@ -16,6 +16,7 @@ import sys
 import time
 
 from shim.engine import log
+from shim.verl.verify_rpc import Watch
 
 LORA_ID = 123
 """verl's ``VLLM_LORA_INT_ID`` (``verl/workers/rollout/vllm_rollout/utils.py``, 123 in 0.7.1-0.9.1)."""
@@ -44,8 +45,8 @@ def module_of(name: str) -> "tuple[str, str] | None":
     return None
 
 
-class AdapterUpdate:
-    """One adapter update: a CPU copy of each streamed tensor, then the check."""
+class AdapterUpdate(Watch):
+    """One adapter update: a CPU copy of each streamed tensor (:meth:`Watch.watch`), then the check."""
 
     def __init__(self, peft_config):
         self.tensors: dict = {}
@@ -56,34 +57,11 @@ class AdapterUpdate:
         except Exception as exc:  # a peft_config without r / lora_alpha
             self.failed = f"the adapter's scaling cannot be read from peft_config ({type(exc).__name__}: {exc})"
 
-    def watch(self, weights):
-        if hasattr(weights, "__aiter__"):
-            return self._awatch(weights)
-        return self._watch(weights)
-
-    def _watch(self, weights):
-        for item in weights:
-            self._see(item)
-            yield item
-
-    async def _awatch(self, weights):
-        async for item in weights:
-            self._see(item)
-            yield item
-
-    def _see(self, item) -> None:
-        if self.failed:
-            return
-        t0 = time.perf_counter()
-        try:
-            name, tensor = item
-            if module_of(name) is None:
-                self.failed = f"the adapter update streamed {name}, which vLLM's LoRA takes for no lora_A/lora_B"
-            else:
-                self.tensors[name] = tensor.detach().to("cpu", copy=True)
-        except Exception as exc:  # never break verl's stream
-            self.failed = f"the check failed ({type(exc).__name__}: {exc})"
-        self.seconds += time.perf_counter() - t0
+    def take(self, name: str, tensor) -> None:
+        if module_of(name) is None:
+            self.failed = f"the adapter update streamed {name}, which vLLM's LoRA takes for no lora_A/lora_B"
+        else:
+            self.tensors[name] = tensor.detach().to("cpu", copy=True)
 
     def pushed(self) -> dict:
         """``{module: (lora_A, lora_B, scaling)}`` (``shim.verify.lora.compare``); a module streamed with one of

@@ -17,7 +17,7 @@ import types
 import weakref
 
 from shim.engine import call_args, config, log
-from shim.verl.verify_rpc import NO_SERVER_HALF, SITE, WORKER_METHOD, ask, unverifiable
+from shim.verl.verify_rpc import NO_SERVER_HALF, SITE, WORKER_METHOD, Watch, ask, unverifiable
 
 SKIPPED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 """Suffixes of names vLLM's ``load_weights`` skips by design (e.g. ``LlamaForCausalLM.load_weights``)."""
@@ -93,8 +93,8 @@ class Engine:
         self.disabled = ""
 
 
-class Update:
-    """One ``update_weights`` call: digests of what streamed, then the check."""
+class Update(Watch):
+    """One ``update_weights`` call: digests of what streamed (:meth:`Watch.watch`), then the check."""
 
     def __init__(self, engine: Engine, mode: str):
         self.engine, self.mode = engine, mode
@@ -107,32 +107,8 @@ class Update:
 
         self.spec = None if mode == config.VERIFY_EXACT else [compare.ELEMENTS, engine.updates]
 
-    def watch(self, weights):
-        """``weights`` (verl's generator or async iterator of ``(name, tensor)``) digesting each as it passes."""
-        if hasattr(weights, "__aiter__"):
-            return self._awatch(weights)
-        return self._watch(weights)
-
-    def _watch(self, weights):
-        for item in weights:
-            self._see(item)
-            yield item
-
-    async def _awatch(self, weights):
-        async for item in weights:
-            self._see(item)
-            yield item
-
-    def _see(self, item) -> None:
-        if self.failed:
-            return
-        t0 = time.perf_counter()
-        try:
-            name, tensor = item
-            self._digest(name, tensor)
-        except Exception as exc:  # never break verl's stream
-            self.failed = f"the check failed ({type(exc).__name__}: {exc})"
-        self.seconds += time.perf_counter() - t0
+    def take(self, name: str, tensor) -> None:
+        self._digest(name, tensor)
 
     def _digest(self, name: str, tensor) -> None:
         import torch
