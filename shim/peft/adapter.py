@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from shim.peft.merge import PEFT_PREFIX
+from shim.peft.merge import PEFT_PREFIX, pushed_name
 
 
 class Adapted(dict):
@@ -70,10 +70,9 @@ def verified_tensors(model) -> "tuple[Adapted | None, str | None]":
     for pname, p in model.named_parameters():
         if hasattr(p, "ds_id") or callable(getattr(p, "full_tensor", None)):
             return None, "PEFT model sharded by ZeRO-3 or FSDP (the adapter needs whole tensors)"
-        pushed = pname.removeprefix(PEFT_PREFIX)
-        if prefix in pushed or "original_module" in pushed:
-            continue
-        out.setdefault(layout.trainer_name(pushed.replace("modules_to_save.default.", "")), p)
+        pushed = pushed_name(pname, prefix, base_layer=True)
+        if pushed is not None:
+            out.setdefault(layout.trainer_name(pushed), p)
     tied = "model.embed_tokens.weight"
     if "lm_head.weight" not in out and tied in out:  # tied embeddings (as layout.trainer_params)
         out["lm_head.weight"] = out[tied]

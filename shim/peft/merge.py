@@ -185,12 +185,14 @@ PUSH_MERGE = {"safe_merge": False, "adapter_names": None}
 """The merge every trainer push runs (``model.merge_adapter()``: the active adapters, no safe merge)."""
 
 
-def pushed_name(name: str, prefix: str = "lora_") -> "str | None":
+def pushed_name(name: str, prefix: str = "lora_", base_layer: bool = False) -> "str | None":
     """A PEFT model's parameter name as the trainer's push gives it to vLLM, or None where the push leaves it
     out (TRL 1.16 ``VLLMGeneration._iter_named_params``, the same in 0.23-1.15: ``base_model.model.`` and
     ``.base_layer`` dropped, the adapters' own tensors and ``modules_to_save``' original modules skipped,
-    ``modules_to_save.default.`` dropped)."""
-    name = name.removeprefix(PEFT_PREFIX).replace(".base_layer", "")
+    ``modules_to_save.default.`` dropped). ``base_layer``: ``.base_layer`` kept (a push to vLLM's own LoRA)."""
+    name = name.removeprefix(PEFT_PREFIX)
+    if not base_layer:
+        name = name.replace(".base_layer", "")
     if prefix in name or "original_module" in name:
         return None
     return name.replace("modules_to_save.default.", "")
