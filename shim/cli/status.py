@@ -97,9 +97,8 @@ def _bug_row(bug: str, sites: list) -> dict:
     """The row of ``bug``: the site that speaks for it (:data:`_RANK`), its decision, and which site that is
     where the bug has several here (``[vllm-worker-sleep-guard]``; ``[2 sites]`` when more than one applied)."""
     site = min(sites, key=lambda r: (_RANK.index(r["decision"]) if r["decision"] in _RANK else 0, -r.get("acted", 0)))
-    row = dict(site, bug=bug)
-    row["distribution "] = f"{site['distribution']} {site['installed']}" if site["installed"] else site["distribution"]
-    decision = _decision(site)
+    row = _row(site, bug)
+    decision = row["decision "]
     applied = [r for r in sites if r["decision"] == "applied"]
     if len(applied) > 1 and site["decision"] == "applied":
         decision += f" [{len(applied)} sites]"
@@ -110,8 +109,13 @@ def _bug_row(bug: str, sites: list) -> dict:
 
 
 def _site_row(site: dict) -> dict:
-    """One site under its bug's row (``--sites``): ``  - <site id>``, its own release and decision."""
-    row = dict(site, bug=f"  - {site['id']}")
+    """One site under its bug's row (``--sites``): ``- <site id>``, its own release and decision."""
+    return _row(site, f"- {site['id']}")
+
+
+def _row(site: dict, label: str) -> dict:
+    """The table row of ``site`` under ``label``: its distribution with the installed release, its decision."""
+    row = dict(site, bug=label)
     row["distribution "] = f"{site['distribution']} {site['installed']}" if site["installed"] else site["distribution"]
     row["decision "] = _decision(site)
     return row
