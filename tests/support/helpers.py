@@ -38,6 +38,25 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
+def shim_venv(env_dir: Path, *paths: str) -> "tuple[str, str]":
+    """A fresh virtual environment (no pip) whose site-packages puts the repository, the shim's two runtime
+    deps (packaging, wrapt, taken from this environment) and ``paths`` on sys.path through a ``.pth`` file
+    (no install); ``(its python, its site-packages)``."""
+    import venv
+
+    import packaging
+    import wrapt
+
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = str(Path(env_dir) / "bin" / "python")
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    deps = {os.path.dirname(os.path.dirname(m.__file__)) for m in (packaging, wrapt)}
+    with open(os.path.join(site, "aaa_deps.pth"), "w") as f:
+        f.write("\n".join([str(REPO), *deps, *paths]) + "\n")
+    return py, site
+
+
 def run_python(code: str, path: list | tuple = (), env: dict | None = None, args: list | tuple = (),
                timeout: int = 600, check: bool = True, fresh: bool = False,
                argv: list | tuple = ()) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import DATA, REPO, clean_env, rendezvous_port, run_python
+from tests.support.helpers import DATA, REPO, clean_env, rendezvous_port, run_python, shim_venv
 
 PROBE = "import json, os, shim; print(json.dumps({'active': shim.is_active(), 'pid': os.getpid()}))"
 
@@ -237,16 +237,7 @@ def test_run_reaches_every_torchrun_rank(tmp_path):
 
 
 def test_install_uninstall_fresh_venv(tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    py = str(env_dir / "bin" / "python")
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    import packaging  # the shim's two runtime deps, taken from this environment
-    import wrapt
-    deps = {os.path.dirname(os.path.dirname(m.__file__)) for m in (packaging, wrapt)}
-    with open(os.path.join(site, "aaa_deps.pth"), "w") as f:
-        f.write("\n".join([str(REPO), *deps]) + "\n")
+    py, site = shim_venv(tmp_path / "venv")
     env = clean_env()
     check = [py, "-c", "import sys, shim; print('shim' in sys.modules and shim.is_active())"]
     assert subprocess.run(check, env=env, capture_output=True, text=True).stdout.strip() == "False"

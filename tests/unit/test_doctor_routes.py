@@ -10,11 +10,10 @@ import os
 import re
 import subprocess
 import sys
-import venv
 
 from tests.support import stand_in
 from tests.support.envs import trl_path
-from tests.support.helpers import REPO, clean_env
+from tests.support.helpers import REPO, clean_env, shim_venv
 from tests.unit.test_doctor import LAUNCHER, doctor
 
 STALE = r"^  trl-stale-weights +affected \(trl 1\.9\.2; huggingface/trl#5312\); fixed$"
@@ -30,16 +29,7 @@ def test_import_shim_auto_in_the_process_fixes_it_and_its_children():
 
 
 def test_always_on_through_the_pth_line_fixes_every_process(tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    py = str(env_dir / "bin" / "python")
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    import packaging
-    import wrapt
-    deps = {os.path.dirname(os.path.dirname(m.__file__)) for m in (packaging, wrapt)}
-    with open(os.path.join(site, "aaa_deps.pth"), "w") as f:
-        f.write("\n".join([str(REPO), *deps, str(trl_path("1.9.2")), stand_in.site()]) + "\n")
+    py, _ = shim_venv(tmp_path / "venv", str(trl_path("1.9.2")), stand_in.site())
     env = clean_env()
     env.pop("PYTHONPATH", None)
     plain = subprocess.run([py, "-m", "shim", "doctor"], env=env, capture_output=True, text=True, cwd=str(tmp_path))
